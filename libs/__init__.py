@@ -1,0 +1,1 @@
+"""Shared code for all statefleet services. Never imports `services`."""

@@ -1,0 +1,210 @@
+"""The NATS bus: connection, idempotent provisioning, typed request/reply and events.
+
+Request/reply: a handler returns a Msg or raises a StatefleetError; the error
+travels as an `ErrorReply` body marked by the `Sf-Error` header and is raised
+again, typed, on the caller's side. Unexpected exceptions are logged with their
+traceback here and answered with a bare `internal` error: no traceback ever
+reaches a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg as NatsMsg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from libs import errors
+from libs.schemas.base import Msg, decode, encode
+from libs.schemas.common import ErrorReply
+from libs.telemetry import counter
+
+log = structlog.get_logger("statefleet.bus")
+
+ERROR_HEADER = "Sf-Error"
+R = TypeVar("R")
+Handler = Callable[[Any], Awaitable[Msg]]
+
+_dropped = counter("sf_bus_dropped_total", "Event messages dropped because they did not decode")
+_handler_errors = counter("sf_bus_handler_errors_total", "Requests answered with an error reply")
+
+# Error codes JetStream uses that callers branch on.
+JS_WRONG_LAST_SEQUENCE = 10071
+JS_STREAM_NAME_IN_USE = 10058
+INITIAL_CONNECT_ATTEMPTS = 3
+
+
+async def connect(url: str, *, name: str, connect_timeout_s: float = 2.0) -> NATS:
+    """Connect with reconnect and backoff; a server that never answers is an `Unavailable`."""
+
+    async def on_error(e: Exception) -> None:
+        log.warning("nats_error", error=str(e) or type(e).__name__)
+
+    client: list[NATS] = []
+
+    async def on_disconnect() -> None:
+        if client and client[0].is_closed:
+            return  # our own close, not an outage
+        log.warning("nats_disconnected", url=url)
+
+    async def on_reconnect() -> None:
+        log.info("nats_reconnected", url=url)
+
+    try:
+        nc = await nats.connect(
+            servers=url.split(","),
+            name=name,
+            connect_timeout=connect_timeout_s,
+            reconnect_time_wait=0.5,
+            max_reconnect_attempts=INITIAL_CONNECT_ATTEMPTS,
+            allow_reconnect=True,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+    except (nats.errors.NoServersError, OSError, asyncio.TimeoutError) as e:
+        raise errors.Unavailable(f"cannot reach NATS at {url}: {e}", url=url) from None
+    # Fail fast on the first connect, but once up, ride out any outage.
+    nc.options["max_reconnect_attempts"] = -1
+    client.append(nc)
+    return nc
+
+
+# ---------------------------------------------------------------- provisioning
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    name: str
+    subjects: list[str]
+    max_age_s: float | None = None
+    max_msgs_per_subject: int = -1
+    replicas: int = 1
+
+
+async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> api.StreamInfo:
+    """Create the stream, or bring an existing one to `spec`. Safe to run any number of times."""
+    config = api.StreamConfig(
+        name=spec.name,
+        subjects=spec.subjects,
+        storage=api.StorageType.FILE,
+        max_age=spec.max_age_s,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
+        num_replicas=spec.replicas,
+        allow_direct=True,
+    )
+    try:
+        return await js.add_stream(config)
+    except nats.js.errors.BadRequestError as e:
+        if e.err_code != JS_STREAM_NAME_IN_USE:
+            raise
+        return await js.update_stream(config)
+
+
+async def ensure_kv(
+    js: JetStreamContext, bucket: str, *, ttl_s: float | None = None, history: int = 1, replicas: int = 1
+) -> KeyValue:
+    """Create the KV bucket, or open it if it exists (its settings are left as they are)."""
+    try:
+        return await js.create_key_value(bucket=bucket, ttl=ttl_s, history=history, replicas=replicas)
+    except nats.js.errors.BadRequestError as e:
+        if e.err_code != JS_STREAM_NAME_IN_USE:
+            raise
+        log.info("kv_exists_with_other_settings", bucket=bucket)
+        return await js.key_value(bucket)
+
+
+async def ensure_object_store(js: JetStreamContext, bucket: str, *, replicas: int = 1) -> ObjectStore:
+    try:
+        return await js.create_object_store(bucket=bucket, replicas=replicas)
+    except nats.js.errors.BadRequestError as e:
+        if e.err_code != JS_STREAM_NAME_IN_USE:
+            raise
+        return await js.object_store(bucket)
+
+
+# ---------------------------------------------------------------- request / reply
+
+
+def error_reply(err: errors.StatefleetError) -> ErrorReply:
+    return ErrorReply(code=err.code, detail=err.detail, retryable=err.retryable, fields=_plain(err.fields))
+
+
+def raise_error_reply(reply: ErrorReply) -> None:
+    cls = errors.by_code(reply.code)
+    raise cls(reply.detail, **reply.fields)
+
+
+async def request(nc: NATS, subject: str, msg: Msg, reply_type: type[R], *, timeout_s: float = 5.0) -> R:
+    """Send `msg`, return the decoded reply or raise the remote's typed error."""
+    try:
+        resp = await nc.request(subject, encode(msg), timeout=timeout_s)
+    except nats.errors.NoRespondersError:
+        raise errors.Unavailable(f"nothing serves {subject}", subject=subject) from None
+    except nats.errors.TimeoutError:
+        raise errors.Timeout(f"no reply on {subject} within {timeout_s}s", subject=subject) from None
+    if resp.headers and resp.headers.get(ERROR_HEADER):
+        raise_error_reply(decode(resp.data, ErrorReply))
+    return decode(resp.data, reply_type)
+
+
+async def serve(
+    nc: NATS, subject: str, req_type: Any, handler: Handler, *, queue: str = ""
+) -> Subscription:
+    """Answer requests on `subject`; decoding and handler errors become typed error replies."""
+
+    async def on_msg(m: NatsMsg) -> None:
+        if not m.reply:
+            _dropped.add(1, {"subject": subject, "reason": "no_reply_subject"})
+            log.warning("request_without_reply_dropped", subject=m.subject)
+            return
+        try:
+            reply = await handler(decode(m.data, req_type))
+            await m.respond(encode(reply))
+        except errors.StatefleetError as e:
+            await respond_error(nc, m.reply, e)
+        except Exception:
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("handler_failed", subject=m.subject, error_id=error_id)
+            await respond_error(nc, m.reply, errors.Internal("internal error", error_id=error_id))
+
+    return await nc.subscribe(subject, queue=queue, cb=on_msg)
+
+
+async def respond_error(nc: NATS, reply_subject: str, e: errors.StatefleetError) -> None:
+    _handler_errors.add(1, {"code": e.code})
+    await nc.publish(reply_subject, encode(error_reply(e)), headers={ERROR_HEADER: e.code})
+
+
+async def subscribe_events(
+    nc: NATS, subject: str, typ: Any, handler: Callable[[Any], Awaitable[None]], *, queue: str = ""
+) -> Subscription:
+    """Deliver decoded events; ones that do not decode are counted, logged and dropped."""
+
+    async def on_msg(m: NatsMsg) -> None:
+        try:
+            event = decode(m.data, typ)
+        except errors.SchemaError as e:
+            _dropped.add(1, {"subject": subject, "reason": e.code})
+            log.warning("event_dropped", subject=m.subject, reason=e.detail)
+            return
+        await handler(event)
+
+    return await nc.subscribe(subject, queue=queue, cb=on_msg)
+
+
+def _plain(fields: dict[str, Any]) -> dict[str, Any]:
+    """Error fields as msgpack-safe values."""
+    return {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v) for k, v in fields.items()}

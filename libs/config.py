@@ -1,0 +1,60 @@
+"""One validated config object per service, from an optional TOML file and env vars.
+
+Precedence: defaults < TOML file < environment (`SF_<FIELD>`, upper case).
+Field names carry their units (`heartbeat_s`, `max_item_bytes`). A bad value
+stops start-up with a `ConfigError` whose one-line message names the field.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+
+from libs.errors import ConfigError
+
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+
+
+class BaseConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Settings every service shares."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_connect_timeout_s: PositiveFloat = 2.0
+    # JetStream replicas for the streams and buckets this service creates: 1 alone, 3 on a cluster.
+    nats_replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
+    instance_id: str = ""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_json: bool = True
+    telemetry_exporter: Literal["none", "console", "otlp"] = "none"
+    otlp_endpoint: str = ""
+    heartbeat_s: PositiveFloat = 2.0
+
+
+C = TypeVar("C", bound=BaseConfig)
+_FIELD_RE = re.compile(r"(?:at `\$\.|unknown field `)([A-Za-z0-9_]+)")
+
+
+def load(cls: type[C], file: str | Path | None = None, env: Mapping[str, str] | None = None) -> C:
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    if file:
+        try:
+            data.update(tomllib.loads(Path(file).read_text()))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"config file {file}: {e}", file=str(file)) from None
+    known = set(cls.__struct_fields__)
+    for key, value in env.items():
+        if key.startswith("SF_") and key[3:].lower() in known:
+            data[key[3:].lower()] = value
+    try:
+        return msgspec.convert(data, cls, strict=False)
+    except msgspec.ValidationError as e:
+        field = m.group(1) if (m := _FIELD_RE.search(str(e))) else "?"
+        raise ConfigError(f"invalid config field '{field}': {e}", field=field) from None

@@ -1,0 +1,27 @@
+"""Subjects, streams and buckets that more than one service touches.
+
+Each name has one owner that provisions it at start-up (idempotently); the
+others only use it.
+"""
+
+from __future__ import annotations
+
+SERVICES = ("fence", "admission", "placement", "mover", "engine_host")
+
+# KV: live service instances (owner: every service, for itself). Entries expire when heartbeats stop.
+SERVICES_BUCKET = "sf_services"
+# KV: engine hosts with device, memory, capacity and load (owner: engine_host).
+ENGINES_BUCKET = "sf_engines"
+# KV: one summary per session for `statefleet status` and dashboards: a hint, never authority.
+SESSIONS_BUCKET = "sf_sessions"
+
+# Heartbeat entries live this many heartbeats before they expire.
+HEARTBEAT_TTL_FACTOR = 3
+
+
+def ping_subject(service: str) -> str:
+    return f"sf.{service}.ping"
+
+
+def engine_subject(host_id: str, verb: str) -> str:
+    return f"sf.engine.{host_id}.{verb}"

@@ -1,0 +1,64 @@
+"""Messages every service speaks: errors, ping, service and engine directory entries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libs.schemas.base import Msg
+
+
+class ErrorReply(Msg):
+    """The reply to any request that failed. Rebuilt as a typed exception by the caller."""
+
+    code: str
+    detail: str
+    retryable: bool = False
+    fields: dict[str, Any] = {}
+
+
+class Ping(Msg):
+    pass
+
+
+class Pong(Msg):
+    service: str
+    instance: str
+    version: str
+    uptime_s: float
+
+
+class ServiceEntry(Msg):
+    """A live service instance, kept in the `sf_services` KV bucket (TTL-expired when dead)."""
+
+    service: str
+    instance: str
+    version: str
+    hostname: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+
+
+class EngineEntry(Msg):
+    """An engine host's registration and heartbeat, kept in the `sf_engines` KV bucket (TTL)."""
+
+    host_id: str
+    device: str
+    memory_bytes: int
+    free_memory_bytes: int
+    sessions: int = 0
+    version: str = ""
+    heartbeat_at: float = 0.0
+
+
+class SessionSummary(Msg):
+    """One session as `statefleet status` shows it (`sf_sessions` KV): a hint, never authority."""
+
+    session_id: str
+    backend: str = ""
+    session_class: str = ""
+    state: str = ""
+    owner_server_id: str = ""
+    owner_version: int = 0
+    claimed: bool = False
+    updated_at: float = 0.0

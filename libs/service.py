@@ -1,0 +1,143 @@
+"""The process shell every service shares: connect, provision, answer ping, heartbeat, stop in order.
+
+A service subclasses `Service`, sets `name` and `config_type`, and overrides
+`setup` (subscribe, provision its streams) and `teardown`. The pure decision
+logic lives elsewhere; this is the thin asyncio shell around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+import uuid
+from typing import ClassVar
+
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from libs import bus, logs, names, telemetry
+from libs.config import BaseConfig
+from libs.schemas.base import encode
+from libs.schemas.common import Ping, Pong, ServiceEntry
+
+VERSION = "0.1.0"
+
+
+class Service:
+    name: ClassVar[str]
+    config_type: ClassVar[type[BaseConfig]] = BaseConfig
+
+    def __init__(self, config: BaseConfig) -> None:
+        self.config = config
+        self.instance = config.instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self.started_at = time.time()
+        self.log = structlog.get_logger(f"statefleet.{self.name}").bind(service=self.name, instance=self.instance)
+        self.nc: NATS
+        self.js: JetStreamContext
+        self._services_kv: KeyValue
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()
+
+    # -------------------------------------------------------------- hooks
+
+    @property
+    def ping_subject(self) -> str:
+        return names.ping_subject(self.name)
+
+    @property
+    def ping_queue(self) -> str:
+        return self.name
+
+    async def setup(self) -> None:
+        """Subscribe and provision what this service owns."""
+
+    async def teardown(self) -> None:
+        """Stop taking work and release what `setup` took, before the bus connection drains."""
+
+    async def heartbeat(self) -> None:
+        """Called every `heartbeat_s` after the service entry is refreshed."""
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.nc = await bus.connect(cfg.nats_url, name=f"{self.name}:{self.instance}",
+                                    connect_timeout_s=cfg.nats_connect_timeout_s)
+        self.js = self.nc.jetstream()
+        ttl = cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
+        self._services_kv = await bus.ensure_kv(self.js, names.SERVICES_BUCKET, ttl_s=ttl,
+                                                replicas=cfg.nats_replicas)
+        await bus.serve(self.nc, self.ping_subject, Ping, self._on_ping, queue=self.ping_queue)
+        await self.setup()
+        await self._beat()
+        self.spawn(self._heartbeat_loop(), "heartbeat")
+        self.log.info("service_started", nats_url=cfg.nats_url, version=VERSION)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        await self.teardown()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await self._services_kv.delete(self._entry_key)
+        except Exception as e:  # the entry expires by TTL anyway
+            self.log.warning("service_entry_delete_failed", error=str(e))
+        await self.nc.drain()
+        self.log.info("service_stopped")
+
+    async def run_until_signalled(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._stopping.set)
+        await self.start()
+        await self._stopping.wait()
+        await self.stop()
+
+    def spawn(self, coro, name: str) -> asyncio.Task:
+        """A background task owned by the service: cancelled on stop, its crash logged."""
+        task = asyncio.create_task(coro, name=f"{self.name}:{name}")
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error("background_task_failed", task=task.get_name(), error=repr(task.exception()))
+
+    # -------------------------------------------------------------- ping and heartbeat
+
+    @property
+    def _entry_key(self) -> str:
+        return f"{self.name}.{self.instance}"
+
+    async def _on_ping(self, _: Ping) -> Pong:
+        return Pong(service=self.name, instance=self.instance, version=VERSION,
+                    uptime_s=time.time() - self.started_at)
+
+    async def _beat(self) -> None:
+        entry = ServiceEntry(service=self.name, instance=self.instance, version=VERSION,
+                             hostname=socket.gethostname(), pid=os.getpid(),
+                             started_at=self.started_at, heartbeat_at=time.time())
+        await self._services_kv.put(self._entry_key, encode(entry))
+        await self.heartbeat()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            try:
+                await self._beat()
+            except Exception as e:  # a NATS outage must not kill the service; beats resume on reconnect
+                self.log.warning("heartbeat_failed", error=str(e) or type(e).__name__)
+
+
+def run(service_type: type[Service], config: BaseConfig) -> None:
+    """Run a service in the foreground until SIGINT/SIGTERM."""
+    logs.setup(config.log_level, json=config.log_json)
+    telemetry.setup(service_type.name, config.telemetry_exporter, config.otlp_endpoint)
+    asyncio.run(service_type(config).run_until_signalled())

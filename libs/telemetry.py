@@ -1,0 +1,62 @@
+"""OpenTelemetry tracing and metrics, set up once per process.
+
+By default nothing is exported (the API's no-op providers stay in place, so
+instruments cost almost nothing); `exporter = "console"` or `"otlp"` in a
+service's config turns export on.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from opentelemetry import metrics, trace
+
+Exporter = Literal["none", "console", "otlp"]
+_configured = False
+
+
+def setup(service_name: str, exporter: Exporter = "none", otlp_endpoint: str = "") -> None:
+    global _configured
+    if _configured or exporter == "none":
+        return
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create({"service.name": f"statefleet-{service_name}"})
+    if exporter == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        span_exporter, metric_exporter = ConsoleSpanExporter(), ConsoleMetricExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        base = otlp_endpoint.rstrip("/")
+        span_exporter = OTLPSpanExporter(endpoint=f"{base}/v1/traces") if base else OTLPSpanExporter()
+        metric_exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics") if base else OTLPMetricExporter()
+    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    trace.set_tracer_provider(tracer_provider)
+    reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=15_000)
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+    _configured = True
+
+
+def tracer(name: str = "statefleet") -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+def meter(name: str = "statefleet") -> metrics.Meter:
+    return metrics.get_meter(name)
+
+
+def counter(name: str, description: str) -> metrics.Counter:
+    return meter().create_counter(name, description=description)
+
+
+def histogram(name: str, description: str, unit: str = "ms") -> metrics.Histogram:
+    return meter().create_histogram(name, description=description, unit=unit)

@@ -1,0 +1,1 @@
+"""The `statefleet` command: the composition root that knows every service by name."""

@@ -1,0 +1,3 @@
+from statefleet.cli import main
+
+main()

@@ -1,0 +1,72 @@
+"""`statefleet` command line: up, serve, status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from libs import config as configmod
+from libs.errors import StatefleetError
+from statefleet.registry import SERVICES
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from libs.service import run
+    from statefleet.registry import service_type
+
+    typ = service_type(args.service)
+    cfg = configmod.load(typ.config_type, args.config)
+    if args.nats_url:
+        cfg.nats_url = args.nats_url
+    run(typ, cfg)
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from statefleet.supervisor import Supervisor
+
+    return Supervisor(data_dir=args.data_dir, nats_url=args.nats_url, engines=args.engines,
+                      device=args.device).run()
+
+
+def _status(args: argparse.Namespace) -> int:
+    from statefleet.status import print_status
+
+    return asyncio.run(print_status(args.nats_url, as_json=args.json))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="statefleet", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="embedded NATS, all services and engine hosts, supervised")
+    up.add_argument("--data-dir", default="var", help="where NATS data and logs go (default ./var)")
+    up.add_argument("--nats-url", default="", help="use this NATS instead of starting one")
+    up.add_argument("--engines", type=int, default=2, help="engine hosts to start (default 2)")
+    up.add_argument("--device", default="cpu", help="device for engine hosts: cpu, or cuda to use cuda:0..N-1")
+    up.set_defaults(func=_up)
+
+    serve = sub.add_parser("serve", help="run one service in the foreground")
+    serve.add_argument("service", choices=sorted(SERVICES))
+    serve.add_argument("--config", default=None, help="TOML config file (env SF_* overrides it)")
+    serve.add_argument("--nats-url", default="", help="overrides the config's nats_url")
+    serve.set_defaults(func=_serve)
+
+    status = sub.add_parser("status", help="the fleet as read from the bus")
+    status.add_argument("--nats-url", default="", help="default: $SF_NATS_URL, ./var/nats.url, then :4222")
+    status.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    status.set_defaults(func=_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except StatefleetError as e:
+        print(f"statefleet: {e.detail}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

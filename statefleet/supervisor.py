@@ -1,0 +1,151 @@
+"""`statefleet up`: embedded NATS, every service and the engine hosts, supervised in one process tree.
+
+Children run in their own sessions so a terminal's Ctrl-C reaches only the
+supervisor, which then stops them in order: engine hosts, then services, then
+NATS. Children also carry PR_SET_PDEATHSIG, so even a killed supervisor leaves
+no process behind. A child that crashes is restarted with backoff; one that
+keeps crashing stops the whole tree with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libs import names
+from libs.natsd import NatsServer
+from libs.procs import die_with_parent
+
+# Fixed HTTP ports for the two HTTP front doors (override with SF_*_HTTP_PORT in the environment).
+HTTP_PORTS = {"admission": 8700, "fence": 8701}
+RESTART_LIMIT = 5
+RESTART_WINDOW_S = 60.0
+STOP_GRACE_S = 10.0
+
+
+@dataclass
+class Child:
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    @property
+    def service(self) -> str:
+        return "engine_host" if self.name.startswith("engine") else self.name
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it from here
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "statefleet", "serve", self.service],
+            env={**os.environ, **self.env}, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True, preexec_fn=die_with_parent,
+        )
+        log.close()
+
+    def signal(self, sig: int) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+
+class Supervisor:
+    def __init__(self, *, data_dir: str, nats_url: str, engines: int, device: str) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.nats_url = nats_url
+        self.engines = engines
+        self.device = device
+        self.nats: NatsServer | None = None
+        self.children: list[Child] = []
+        self._stop_requested = False
+
+    def run(self) -> int:
+        signal.signal(signal.SIGINT, self._request_stop)
+        signal.signal(signal.SIGTERM, self._request_stop)
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_nats()
+            self._start_children()
+            self._print_table()
+            return self._watch()
+        finally:
+            self._stop_all()
+
+    def _request_stop(self, *_: object) -> None:
+        self._stop_requested = True
+
+    def _start_nats(self) -> None:
+        if not self.nats_url:
+            self.nats = NatsServer(store_dir=self.data_dir / "nats").start()
+            self.nats_url = self.nats.url
+        (self.data_dir / "nats.url").write_text(self.nats_url + "\n")
+
+    def _start_children(self) -> None:
+        base = {"SF_NATS_URL": self.nats_url, "SF_LOG_JSON": "true"}
+        for name in names.SERVICES:
+            if name == "engine_host":
+                continue
+            env = {**base, "SF_INSTANCE_ID": f"{name}-0"}
+            if name in HTTP_PORTS:
+                env["SF_HTTP_PORT"] = os.environ.get(f"SF_{name.upper()}_HTTP_PORT", str(HTTP_PORTS[name]))
+            self.children.append(Child(name, env, self.data_dir / "logs" / f"{name}.log"))
+        for i in range(self.engines):
+            device = f"cuda:{i}" if self.device == "cuda" else self.device
+            env = {**base, "SF_HOST_ID": f"engine-{i}", "SF_INSTANCE_ID": f"engine-{i}", "SF_DEVICE": device}
+            self.children.append(Child(f"engine-{i}", env, self.data_dir / "logs" / f"engine-{i}.log"))
+        for child in self.children:
+            child.start()
+
+    def _print_table(self) -> None:
+        print(f"statefleet up — NATS {self.nats_url}" + (" (embedded)" if self.nats else " (external)"))
+        print(f"{'process':<12} {'pid':>7}  {'where':<28} log")
+        if self.nats:
+            print(f"{'nats-server':<12} {self.nats.proc.pid:>7}  {self.nats_url:<28} {self.nats.log_path}")
+        for c in self.children:
+            where = c.env.get("SF_DEVICE") or (f"http://127.0.0.1:{c.env['SF_HTTP_PORT']}"
+                                               if "SF_HTTP_PORT" in c.env else "bus only")
+            print(f"{c.name:<12} {c.proc.pid:>7}  {where:<28} {c.log_path}")
+        print("`statefleet status` shows the fleet; Ctrl-C stops everything.", flush=True)
+
+    def _watch(self) -> int:
+        while not self._stop_requested:
+            time.sleep(0.25)
+            if self.nats and self.nats.proc.poll() is not None:
+                print(f"nats-server exited ({self.nats.proc.returncode}); stopping", file=sys.stderr)
+                return 1
+            for c in self.children:
+                if c.proc.poll() is None or self._stop_requested:
+                    continue
+                now = time.monotonic()
+                c.restarts = [t for t in c.restarts if now - t < RESTART_WINDOW_S] + [now]
+                if len(c.restarts) > RESTART_LIMIT:
+                    print(f"{c.name} crashed {RESTART_LIMIT} times in {RESTART_WINDOW_S:.0f}s; stopping "
+                          f"(see {c.log_path})", file=sys.stderr)
+                    return 1
+                print(f"{c.name} exited with {c.proc.returncode}; restarting", file=sys.stderr, flush=True)
+                c.start()
+        return 0
+
+    def _stop_all(self) -> None:
+        engines = [c for c in self.children if c.service == "engine_host"]
+        services = [c for c in self.children if c.service != "engine_host"]
+        for group in (engines, services):
+            for c in group:
+                c.signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for c in group:
+                if c.proc is None:
+                    continue
+                try:
+                    c.proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    c.proc.kill()
+                    c.proc.wait()
+        if self.nats:
+            self.nats.stop()
+        print("statefleet stopped", flush=True)

@@ -1,0 +1,122 @@
+"""The `statefleet` command as a user runs it: start-up failures, `up`, `status`, ping, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from libs import bus, names
+from libs.natsd import free_port
+from libs.schemas.common import Ping, Pong
+
+
+def statefleet(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "statefleet", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_unreachable_nats_fails_fast_with_one_clear_line():
+    url = f"nats://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    r = statefleet("serve", "fence", "--nats-url", url)
+    assert r.returncode != 0
+    assert f"cannot reach NATS at {url}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert time.monotonic() - t0 < 20
+
+
+def test_bad_config_value_stops_start_up_naming_the_field():
+    r = statefleet("serve", "mover", env={"SF_HEARTBEAT_S": "soon"})
+    assert r.returncode != 0
+    assert "heartbeat_s" in r.stderr and "Traceback" not in r.stderr
+
+
+def _pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(")")[-1].split()[0] != "Z":
+                alive.append(pid)
+    return alive
+
+
+def _children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    kids = [int(p) for p, pp in (line.split() for line in out.splitlines()) if int(pp) == pid]
+    return kids + [g for k in kids for g in _children_of(k)]
+
+
+def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
+    env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(free_port()), "SF_FENCE_HTTP_PORT": str(free_port())}
+    up = subprocess.Popen([sys.executable, "-m", "statefleet", "up", "--data-dir", str(tmp_path / "var")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        url_file = tmp_path / "var" / "nats.url"
+        deadline = time.monotonic() + 30
+        state = {}
+        while time.monotonic() < deadline:
+            if url_file.exists():
+                r = statefleet("status", "--json", "--nats-url", url_file.read_text().strip())
+                if r.returncode == 0:
+                    state = json.loads(r.stdout)
+                    if len(state["services"]) == 6 and len(state["engines"]) == 2:
+                        break
+            time.sleep(0.5)
+        assert {s["service"] for s in state["services"]} == set(names.SERVICES)
+        assert sorted(e["host_id"] for e in state["engines"]) == ["engine-0", "engine-1"]
+
+        import asyncio
+
+        async def ping_all() -> list[Pong]:
+            nc = await bus.connect(url_file.read_text().strip(), name="test")
+            try:
+                subjects = [names.ping_subject(s) for s in names.SERVICES if s != "engine_host"]
+                subjects += [names.engine_subject(h, "ping") for h in ("engine-0", "engine-1")]
+                return [await bus.request(nc, s, Ping(), Pong) for s in subjects]
+            finally:
+                await nc.close()
+
+        pongs = asyncio.run(ping_all())
+        assert all(p.version and p.uptime_s >= 0 for p in pongs)
+
+        tree = _children_of(up.pid)
+        assert len(tree) >= 7  # nats-server, 4 services, 2 engine hosts
+        up.send_signal(signal.SIGINT)
+        out, _ = up.communicate(timeout=40)
+        assert up.returncode == 0, out
+        assert "statefleet stopped" in out
+        time.sleep(0.5)
+        assert _pids_alive(tree) == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
+@pytest.mark.slow
+def test_killed_supervisor_takes_its_children_with_it(tmp_path):
+    env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(free_port()), "SF_FENCE_HTTP_PORT": str(free_port())}
+    up = subprocess.Popen([sys.executable, "-m", "statefleet", "up", "--data-dir", str(tmp_path / "var")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 30
+    tree: list[int] = []
+    while time.monotonic() < deadline and len(tree) < 7:
+        time.sleep(0.3)
+        tree = _children_of(up.pid)
+    assert len(tree) >= 7
+    up.kill()
+    up.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _pids_alive(tree):
+        time.sleep(0.2)
+    assert _pids_alive(tree) == []
