@@ -39,6 +39,21 @@ class ServiceEntry(Msg):
     heartbeat_at: float
 
 
+class ProfileRow(Msg):
+    """One measured row of an engine host's profile: what a block costs for a backend at a quality tier.
+
+    Measured on the host itself at start-up (never model constants); admission and
+    placement compute residual capacity from these.
+    """
+
+    backend: str
+    tier: int  # quality tier: the number of denoise steps (higher = better)
+    quantum_ms: float  # device time of one generation quantum (one block at this tier)
+    block_ms: float  # wall time of one whole block through the pipeline
+    state_bytes: int  # resident state of one session
+    media_s_per_block: float  # media seconds one block produces (for the real-time factor)
+
+
 class EngineEntry(Msg):
     """An engine host's registration and heartbeat, kept in the `sf_engines` KV bucket (TTL)."""
 
@@ -49,6 +64,10 @@ class EngineEntry(Msg):
     sessions: int = 0
     version: str = ""
     heartbeat_at: float = 0.0
+    profile: list[ProfileRow] = []
+    busy_fraction: float = 0.0  # share of device time taken by admitted sessions' steady-state quanta
+    state_bytes_resident: int = 0
+    data_addr: str = ""  # host:port of the mover data plane (TCP) on this host
 
 
 class SessionSummary(Msg):
