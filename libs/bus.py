@@ -9,7 +9,6 @@ reaches a client.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -74,7 +73,7 @@ async def connect(url: str, *, name: str, connect_timeout_s: float = 2.0) -> NAT
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
         )
-    except (nats.errors.NoServersError, OSError, asyncio.TimeoutError) as e:
+    except (TimeoutError, nats.errors.NoServersError, OSError) as e:
         raise errors.Unavailable(f"cannot reach NATS at {url}: {e}", url=url) from None
     # Fail fast on the first connect, but once up, ride out any outage.
     nc.options["max_reconnect_attempts"] = -1

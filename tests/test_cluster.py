@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 import asyncio
+
+import pytest
 
 from libs import bus
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from libs.schemas.base import Msg
 
@@ -81,3 +81,19 @@ class SessionSummary(Msg):
     owner_version: int = 0
     claimed: bool = False
     updated_at: float = 0.0
+
+
+class InputItem(Msg):
+    """One control item a frontend sent for a session, as ingress stores it and the gateway releases it.
+
+    `data` is the JSON value exactly as the client sent it (size-checked by ingress):
+    `text` → a JSON string (avatar speech), `action` → a JSON object such as
+    {"keys": ["w"], "mouse": [dx, dy]} (world models), `json` → any JSON object.
+    Backends validate the shape they need and reject others with a typed error.
+    """
+
+    session_id: str
+    seq: int  # the session's ingress sequence: strictly increasing, gap-free per session
+    kind: Literal["text", "action", "json"]
+    data: bytes
+    accepted_at: float = 0.0
