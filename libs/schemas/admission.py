@@ -37,9 +37,10 @@ class Verdict(Msg):
     queue_deadline: float = 0.0  # unix seconds after which a queued candidate times out
 
 
-class CreateSession(Msg, forbid_unknown_fields=True):
+class CreateSession(Msg, kw_only=True, forbid_unknown_fields=True):
     """POST /v1/sessions."""
 
+    v: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1  # stated in the schema, so a client sees the range
     contract: Contract
     backend: Annotated[str, msgspec.Meta(pattern=BACKEND_PATTERN)]
     seed: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0

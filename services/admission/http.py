@@ -84,13 +84,26 @@ def make_app(api: SessionApi, admin_token: str) -> web.Application:
 def parse_create(body: bytes) -> CreateSession:
     """Decode a create body; a `BadRequest` names the offending field as a dotted path."""
     try:
-        req = msgspec.json.decode(body, type=CreateSession)
-    except msgspec.ValidationError as e:
-        raise BadRequest(f"invalid request body: {e}", field=_field_of(str(e))) from None
+        raw = msgspec.json.decode(body)
     except msgspec.DecodeError as e:
         raise BadRequest(f"request body is not JSON: {e}", field="body") from None
+    try:
+        req = msgspec.convert(_integral(raw), CreateSession)
+    except msgspec.ValidationError as e:
+        raise BadRequest(f"invalid request body: {e}", field=_field_of(str(e))) from None
     check_version(req)
     return req
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: 7.0 is a valid JSON Schema integer, so pass it on as 7."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
 
 
 def _field_of(message: str) -> str:
