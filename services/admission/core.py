@@ -19,7 +19,7 @@ the estimates it was decided on.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from libs.contracts import (
@@ -36,6 +36,10 @@ from libs.contracts import (
 from libs.errors import BadRequest
 from libs.schemas.admission import Verdict
 from libs.schemas.common import EngineEntry
+
+
+# A verdict that is not an admission shows this many hosts' estimates (host_id order), not the whole fleet.
+MAX_REPORTED_ESTIMATES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,15 +79,17 @@ class AdmissionCore:
         except BadRequest as e:
             return Verdict(outcome="rejected", reason="incoherent_contract", detail=e.detail,
                            fields=e.fields["fields"].split(","))
-        ests = self.estimates(cand, hosts)
-        if not any(e.fits for e in ests):
-            never = [estimate(cand.contract, cand.backend, idle(h), [], self.policy.guard) for h in hosts]
-            if not any(e.fits for e in never):
-                return Verdict(outcome="rejected", reason="never_fits", estimates=never,
-                               detail="no live engine host could take this session even when idle")
-        elif not self._queue:
-            return Verdict(outcome="admitted", estimates=[next(e for e in ests if e.fits)])
-        return self.enqueue(cand, now, estimates=ests)
+        ests = []
+        for e in self._estimates(cand, hosts):
+            if e.fits and not self._queue:
+                return Verdict(outcome="admitted", estimates=[e])  # first fit: no need to look further
+            ests.append(e)
+        if not any(e.fits for e in ests) and not any(self._idle_fits(cand, h) for h in hosts):
+            never = [estimate(cand.contract, cand.backend, idle(h), [], self.policy.guard)
+                     for h in sorted(hosts, key=lambda h: h.host_id)[:MAX_REPORTED_ESTIMATES]]
+            return Verdict(outcome="rejected", reason="never_fits", estimates=never,
+                           detail="no live engine host could take this session even when idle")
+        return self.enqueue(cand, now, estimates=ests[:MAX_REPORTED_ESTIMATES])
 
     def enqueue(self, cand: Candidate, now: float, *, deadline: float | None = None,
                 estimates: Sequence[Estimate] = ()) -> Verdict:
@@ -112,8 +118,8 @@ class AdmissionCore:
         if not self._queue:
             return None
         cand = next(iter(self._queue.values())).candidate
-        fits = [e for e in self.estimates(cand, hosts) if e.fits]
-        return (cand, Verdict(outcome="admitted", estimates=fits[:1])) if fits else None
+        fit = next((e for e in self._estimates(cand, hosts) if e.fits), None)
+        return (cand, Verdict(outcome="admitted", estimates=[fit])) if fit else None
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -127,9 +133,13 @@ class AdmissionCore:
         queued = self._queue.pop(session_id, None) is not None
         return self.reservations.drop(session_id) or queued
 
-    def estimates(self, cand: Candidate, hosts: Sequence[EngineEntry]) -> list[Estimate]:
-        return [estimate(cand.contract, cand.backend, h, self.reservations.on(h), self.policy.guard)
-                for h in sorted(hosts, key=lambda h: h.host_id)]
+    def _estimates(self, cand: Candidate, hosts: Sequence[EngineEntry]) -> Iterator[Estimate]:
+        """Estimates host by host in host_id order (the order placement's first fit uses), lazily."""
+        for h in sorted(hosts, key=lambda h: h.host_id):
+            yield estimate(cand.contract, cand.backend, h, self.reservations.on(h), self.policy.guard)
+
+    def _idle_fits(self, cand: Candidate, host: EngineEntry) -> bool:
+        return estimate(cand.contract, cand.backend, idle(host), [], self.policy.guard).fits
 
     def position(self, session_id: str) -> int:
         """1-based place in the queue; 0 when not queued."""
