@@ -191,8 +191,7 @@ def replay(shaped: list[tuple[float, int, float]], n_hosts: int, queue_capacity:
                     place(sid, chosen, PROFILE_BY_TIER[floor].quantum_ms / PERIOD_MS, now)
                     counts["admitted"] += 1
         if use_core:
-            for _, v in core.expire(now):
-                counts["queue_timeout"] += 1
+            counts["queue_timeout"] += len(core.expire(now))
             while (ready := core.head_ready(fleet.seen)) is not None:
                 cand, v = ready
                 e = v.estimates[0]

@@ -37,7 +37,6 @@ from libs.errors import BadRequest
 from libs.schemas.admission import Verdict
 from libs.schemas.common import EngineEntry
 
-
 # A verdict that is not an admission shows this many hosts' estimates (host_id order), not the whole fleet.
 MAX_REPORTED_ESTIMATES = 16
 

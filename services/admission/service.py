@@ -16,6 +16,7 @@ step after `_placed`, added when the fence is wired in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Annotated
@@ -24,6 +25,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 from aiohttp import web
+from opentelemetry import trace
 
 from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
@@ -44,7 +46,7 @@ from libs.schemas.base import decode, encode
 from libs.schemas.common import EngineEntry
 from libs.schemas.placement import Placement, PlaceRequest
 from libs.service import Service
-from libs.telemetry import counter, histogram
+from libs.telemetry import counter, histogram, tracer
 from services.admission import http
 from services.admission.core import AdmissionCore, Candidate, Policy
 
@@ -64,6 +66,7 @@ class AdmissionConfig(BaseConfig, kw_only=True):
     queue_timeout_s: PositiveFloat = 30.0
     reservation_settle_s: PositiveFloat = 6.0
     place_timeout_s: PositiveFloat = 2.0
+    engine_watch_silence_s: PositiveFloat = 5.0  # re-open the sf_engines watch after this long without news
 
 
 class AdmissionService(Service):
@@ -105,10 +108,15 @@ class AdmissionService(Service):
             raise TooLarge(f"prompt is over {self.config.max_prompt_bytes} bytes", field="prompt",
                            limit=self.config.max_prompt_bytes)
         cand = Candidate(session_id=uuid.uuid4().hex, backend=req.backend, contract=req.contract)
+        with tracer().start_as_current_span("admission.create", attributes={"session_id": cand.session_id}):
+            return await self._create(cand, req)
+
+    async def _create(self, cand: Candidate, req: CreateSession) -> tuple[int, SessionView]:
         async with self._lock:
             now = time.time()
             verdict = self.core.submit(cand, self._live(), now)
             _verdicts.add(1, {"outcome": verdict.outcome, "reason": verdict.reason})
+            trace.get_current_span().set_attribute("verdict", verdict.outcome)
             record = SessionRecord(session_id=cand.session_id, backend=req.backend, contract=req.contract,
                                    seed=req.seed, prompt=req.prompt, state="queued", verdict=verdict,
                                    created_at=now, updated_at=now, queue_deadline=verdict.queue_deadline)
@@ -240,14 +248,32 @@ class AdmissionService(Service):
         """Await a KV operation; a bus that does not answer is `Unavailable` (retryable), not a crash."""
         try:
             return await op
-        except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
-                nats.js.errors.ServiceUnavailableError) as e:
+        except nats.js.errors.KeyValueError:
+            raise  # an answer about the key (not found, deleted, wrong revision): the caller decides
+        except nats.errors.Error as e:
             raise Unavailable(f"the session store did not answer: {type(e).__name__}") from None
 
     # ------------------------------------------------------------ engine hosts
 
     async def _watch_engines(self, watcher) -> None:
-        async for entry in watcher:
+        """Follow `sf_engines`. Engines beat every few seconds, so a watch silent for longer than
+        `engine_watch_silence_s` is re-opened: an ordered consumer does not outlive a server restart."""
+        while True:
+            try:
+                await self._follow(watcher)
+            except nats.errors.Error as e:
+                self.log.info("engine_watch_reopen", reason=type(e).__name__)
+            with contextlib.suppress(nats.errors.Error):
+                await watcher.stop()
+            try:
+                watcher = await self.engines_kv.watchall()
+            except nats.errors.Error as e:  # the bus is down: try again shortly
+                self.log.warning("engine_watch_failed", error=type(e).__name__)
+                await asyncio.sleep(self.config.heartbeat_s)
+
+    async def _follow(self, watcher) -> None:
+        while True:
+            entry = await watcher.updates(timeout=self.config.engine_watch_silence_s)
             if entry is None:
                 continue  # the "caught up" marker
             if entry.operation in ("DEL", "PURGE") or not entry.value:

@@ -13,6 +13,7 @@ from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry
 from libs.schemas.placement import Placement, PlaceRequest
 from libs.service import Service
+from libs.telemetry import tracer
 from services.placement.core import PlacementCore
 
 
@@ -33,8 +34,9 @@ class PlacementService(Service):
         await bus.serve(self.nc, names.PLACEMENT_PLACE, PlaceRequest, self._on_place, queue=self.name)
 
     async def _on_place(self, req: PlaceRequest) -> Placement:
-        hosts = await self._live_engines()
-        placement = self.core.place(req, hosts, time.time())
+        with tracer().start_as_current_span("placement.place", attributes={"session_id": req.session_id}):
+            hosts = await self._live_engines()
+            placement = self.core.place(req, hosts, time.time())
         self.log.info("placed", session_id=req.session_id, host_id=placement.host_id,
                       busy_fraction=placement.estimate.busy_fraction)
         return placement

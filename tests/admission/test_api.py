@@ -238,3 +238,27 @@ async def test_restarted_admission_recovers_queue_order_deadlines_and_reservatio
     assert second.core.reservations.host_of(placed_id) == "h0"
     view = await second.get(queued[0][0])
     assert view.state == "queued" and view.verdict.queue_position == 1
+
+
+async def test_nats_outage_is_503_and_changes_nothing_then_service_resumes(start_admission, placement, fleet,
+                                                                           nats_server):
+    admission = await start_admission(queue_timeout_s=120.0, engine_watch_silence_s=1.0)
+    http = aiohttp.ClientSession(f"http://127.0.0.1:{admission.http_port}")
+    await fleet.beat("h0", busy=0.85)
+    await sees(admission)
+    queued = await (await http.post("/v1/sessions", json=body())).json()
+    nats_server.kill()
+    p = await problem(await http.post("/v1/sessions", json=body()), 503)
+    assert p["retryable"] and p["code"] == "unavailable"
+    assert [w.candidate.session_id for w in admission.core.waiting()] == [queued["session_id"]]
+    nats_server.restart()
+    await fleet.beat("h0", busy=0.0)
+
+    async def placed():
+        resp = await http.get(f"/v1/sessions/{queued['session_id']}")
+        return resp.status == 200 and (await resp.json())["state"] == "placed"
+
+    try:
+        await eventually(placed, timeout_s=30.0)
+    finally:
+        await http.close()
