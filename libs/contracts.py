@@ -93,6 +93,9 @@ def _reject(detail: str, *fields: str, **extra: object) -> None:
 
 # ---------------------------------------------------------------- cost on a host
 
+# Device shares are sums of floats: nine sessions of 0.1 must fill a 0.9 budget, not miss it by 1e-16.
+_EPS = 1e-9
+
 
 class Guard(msgspec.Struct, kw_only=True, frozen=True):
     """Headroom every host keeps free, and its retained-session slots."""
@@ -159,9 +162,9 @@ def estimate(contract: Contract, backend: str, host: EngineEntry, pending: Seque
 
 
 def _first_failure(need: Demand, busy: float, free: int, mem_guard: int, sessions: int, guard: Guard) -> str:
-    if need.busy_fraction > 1.0:
+    if need.busy_fraction > 1.0 + _EPS:
         return "period"  # one session alone needs more than the whole device
-    if busy + need.busy_fraction > 1.0 - guard.busy_fraction:
+    if busy + need.busy_fraction > 1.0 - guard.busy_fraction + _EPS:
         return "busy"
     if free - need.state_bytes < mem_guard:
         return "memory"

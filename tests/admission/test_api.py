@@ -262,3 +262,16 @@ async def test_nats_outage_is_503_and_changes_nothing_then_service_resumes(start
         await eventually(placed, timeout_s=30.0)
     finally:
         await http.close()
+
+
+async def test_concurrent_creates_never_over_admit_and_each_gets_one_outcome(http, admission, fleet):
+    """30 creates at once against one host with room for exactly nine 0.1-device sessions
+    (guard 0.1): nine are placed, the queue (2) fills, the rest are refused; nothing is lost."""
+    await fleet.beat("h0")
+    await sees(admission)
+    resps = await asyncio.gather(*(http.post("/v1/sessions", json=body()) for _ in range(30)))
+    statuses = sorted(r.status for r in resps)
+    assert statuses == [201] * 9 + [202] * 2 + [429] * 19
+    recs = await records(admission)
+    assert sorted(r.state for r in recs.values()) == ["placed"] * 9 + ["queued"] * 2
+    assert sum(r.demand.busy_fraction for r in recs.values() if r.demand) <= 0.9 + 1e-9

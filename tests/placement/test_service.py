@@ -11,17 +11,11 @@ from libs.errors import Rejected, SchemaError
 from libs.schemas.base import encode
 from libs.schemas.common import Ping
 from libs.schemas.placement import Placement
-from services.placement.service import PlacementConfig, PlacementService
+from tests.admission.conftest import placement  # noqa: F401  (the service, started on the test's server)
 from tests.admission.fleet import host
 from tests.placement.test_first_fit import req
 
-
-@pytest.fixture
-async def placement(nats_server):
-    svc = PlacementService(PlacementConfig(nats_url=nats_server.url, reservation_settle_s=60.0))
-    await svc.start()
-    yield svc
-    await svc.stop()
+pytestmark = pytest.mark.usefixtures("placement")
 
 
 async def beat(nc, *entries):
@@ -30,26 +24,26 @@ async def beat(nc, *entries):
         await kv.put(e.host_id, encode(e))
 
 
-async def test_place_answers_the_first_fitting_host(nc, placement):
+async def test_place_answers_the_first_fitting_host(nc):
     await beat(nc, host("h0", busy=0.85, at=time.time()), host("h1", at=time.time()))
     p = await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement)
     assert p.host_id == "h1" and p.estimate.fits
     assert await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement) == p  # a retry: same host
 
 
-async def test_no_fit_and_stale_hosts_are_a_typed_reject(nc, placement):
+async def test_no_fit_and_stale_hosts_are_a_typed_reject(nc):
     await beat(nc, host("h0", busy=0.85, at=time.time()), host("h1", at=time.time() - 60))  # h1 is stale
     with pytest.raises(Rejected) as e:
         await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement)
     assert e.value.reason == "no_fit" and e.value.hosts == "h0:busy"
 
 
-async def test_a_malformed_request_is_a_schema_error(nc, placement):
+async def test_a_malformed_request_is_a_schema_error(nc):
     with pytest.raises(SchemaError):
         await bus.request(nc, names.PLACEMENT_PLACE, Ping(), Placement)
 
 
-async def test_an_undecodable_heartbeat_is_skipped_not_fatal(nc, placement):
+async def test_an_undecodable_heartbeat_is_skipped_not_fatal(nc):
     kv = await bus.ensure_kv(nc.jetstream(), names.ENGINES_BUCKET, ttl_s=6.0)
     await kv.put("garbage", b"\x00\x01not msgpack")
     await beat(nc, host("h0", at=time.time()))
