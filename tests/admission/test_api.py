@@ -238,6 +238,14 @@ async def test_restarted_admission_recovers_queue_order_deadlines_and_reservatio
     assert second.core.reservations.host_of(placed_id) == "h0"
     view = await second.get(queued[0][0])
     assert view.state == "queued" and view.verdict.queue_position == 1
+    await fleet.beat("h0", busy=0.0)  # capacity appears: the new instance places the waiters, in order
+
+    async def all_placed():
+        recs = await records(second)
+        return recs if all(recs[sid].state == "placed" for sid, _ in queued) else None
+
+    recs = await eventually(all_placed)
+    assert sorted((recs[sid].placed_at, sid) for sid, _ in queued) == [(recs[sid].placed_at, sid) for sid, _ in queued]
 
 
 async def test_nats_outage_is_503_and_changes_nothing_then_service_resumes(start_admission, placement, fleet,
