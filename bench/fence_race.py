@@ -27,7 +27,7 @@ from bench.common import parser, progress, table, write
 from libs.errors import StatefleetError
 from libs.fence import core
 from libs.schemas.common import InputItem
-from libs.schemas.fence import Assign, Claim, Owner, Release, SessionView
+from libs.schemas.fence import Owner, Release, SessionView
 
 SERVERS = ("s0", "s1", "s2")
 STEPS = 40

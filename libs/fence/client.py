@@ -167,7 +167,8 @@ class Lease:
                 await bus.request(self.client.nc, "sf.fence.kick", Kick(session_id=self.session_id),
                                   KickReply, timeout_s=5.0)
                 return
-            except (errors.Unavailable, errors.Timeout):
+            except errors.StatefleetError as e:
+                _log.warning("kick_retry", session_id=self.session_id, error=repr(e))
                 await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
         _log.warning("kick_unanswered", session_id=self.session_id)
 

@@ -54,7 +54,15 @@ class Gateway:
         self._sub = await self.js.pull_subscribe("sf.input.>", durable=CONSUMER, stream=log.INPUT_STREAM,
                                                  config=config)
         await bus.serve(self.nc, "sf.fence.kick", Kick, self._on_kick, queue="fence")
-        spawn(self._consume(), "gateway")
+        self._task = spawn(self._consume(), "gateway")
+
+    async def stop(self) -> None:
+        """Stop fetching; unacked items go back to the shared consumer for another instance."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
 
     async def _on_kick(self, kick: Kick) -> KickReply:
         tail = await self.pump(log.check_session_id(kick.session_id))
@@ -108,24 +116,31 @@ class Gateway:
             ready = {item.seq: (item, pos) for item, pos in prefetched}
             # With items in hand, release up to them (filling gaps from the stream); on a kick, everything.
             target = max(ready, default=None)
+            must_read = False
             while True:
-                tail = self.tails.get(session_id)
-                if tail is None or core.current_owner(tail.view) is None:
-                    # A cached "cannot release" is never trusted: only an append proves the cache stale.
+                tail = None if must_read else self.tails.get(session_id)
+                read_now = tail is None
+                if read_now:
                     tail = self.tails[session_id] = await log.read_tail(self.js, session_id)
+                if target is not None and tail.view.released >= target:
+                    return tail  # the items in hand are released; re-releases after a newer claim are its kick's
                 owner = core.current_owner(tail.view)
-                if owner is None or (target is not None and tail.view.released >= target):
-                    return tail  # unclaimed items wait in the input stream; the claim's kick releases them
-                batch = await self._next_items(session_id, tail, ready)
-                if not batch:
-                    return tail
-                event = core.decide_release(tail.view, owner, [i for i, _ in batch], input_pos=batch[-1][1])
-                try:
-                    self.tails[session_id] = await log.append(self.js, session_id, tail, event)
-                    _released.add(len(batch))
-                except errors.Conflict:
-                    _cas_lost.add(1)
-                    self.tails.pop(session_id, None)  # decide again on the log as it is now
+                batch = await self._next_items(session_id, tail, ready) if owner else []
+                if batch:
+                    event = core.decide_release(tail.view, owner, [i for i, _ in batch], input_pos=batch[-1][1])
+                    try:
+                        self.tails[session_id] = await log.append(self.js, session_id, tail, event)
+                        _released.add(len(batch))
+                    except errors.Conflict:
+                        _cas_lost.add(1)
+                        self.tails.pop(session_id, None)
+                    must_read = False
+                    continue
+                if read_now:
+                    return tail  # nothing to release: unclaimed items wait in the input stream for the claim
+                # Only the log may say "nothing to do": a cached view can hide a newer claim that
+                # re-opened released items, or a claim whose kick came before these items.
+                must_read = True
 
     async def _next_items(self, session_id: str, tail: log.Tail,
                           ready: dict[int, tuple[InputItem, int]]) -> list[tuple[InputItem, int]]:

@@ -73,3 +73,4 @@ class FenceService(Service):
 
     async def teardown(self) -> None:
         await self._runner.cleanup()
+        await self.gateway.stop()
