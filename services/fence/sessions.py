@@ -18,9 +18,10 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from libs import errors
+from libs import errors, names
 from libs.fence import core, log, ownership
 from libs.schemas.base import decode, encode
+from libs.schemas.common import SessionSummary
 from libs.schemas.fence import (
     CheckpointRequest,
     CloseReply,
@@ -64,8 +65,9 @@ class Sessions:
         except nats.js.errors.KeyWrongLastSequenceError:
             raise errors.Conflict("session already registered", session_id=req.session_id) from None
         self._cache[req.session_id] = meta
-        tail = await log.read_tail(self.js, req.session_id)
-        await ownership.update_summary(self.js, req.session_id, tail.view, backend=req.backend)
+        summaries = await self.js.key_value(names.SESSIONS_BUCKET)
+        await summaries.put(req.session_id, encode(SessionSummary(
+            session_id=req.session_id, backend=req.backend, state="pending", updated_at=time.time())))
         return RegisterReply(session_id=req.session_id, token=token)
 
     async def meta(self, req: MetaRequest) -> SessionMeta:
