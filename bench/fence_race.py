@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from bench.common import parser, progress, table, write
@@ -60,7 +61,7 @@ class Race:
     notices: list[Owner] = field(default_factory=list)  # assign notices in flight (delayed, reordered)
     claims: list[Incarnation] = field(default_factory=list)  # claims in flight (late, duplicated)
     incarnations: list[Incarnation] = field(default_factory=list)
-    conflict: bool = False
+    conflicts: set[str] = field(default_factory=set)  # which invariants broke
 
     def append(self, event) -> None:
         """The event lands (it was decided against `self.view`); check the invariants at the new position."""
@@ -71,16 +72,17 @@ class Race:
             for inc in self.incarnations:
                 if inc.alive and inc.claimed and not inc.revoked and core.accepts(inc.owner, event, self.protocol):
                     if inc.owner != truth:
-                        self.conflict = True
+                        self.conflicts.add("release_to_non_owner")
                     for item in event.items:
                         expected = (inc.applied[-1] if inc.applied else inc.cursor) + 1
-                        self.conflict |= item.seq != expected
+                        if item.seq != expected:
+                            self.conflicts.add("out_of_order")
                         inc.applied.append(item.seq)
         for inc in self.incarnations:
             if inc.claimed and core.revoked(inc.owner, self.view, self.protocol):
                 inc.revoked = True
         if sum(inc.holding(self.view, self.protocol) for inc in self.incarnations) > 1:
-            self.conflict = True
+            self.conflicts.add("two_holders")
 
     # -------------------------------------------------------------- actors
 
@@ -162,13 +164,13 @@ _FUNCS = [a for a, _ in ACTIONS]
 _WEIGHTS = [w for _, w in ACTIONS]
 
 
-def run_sequence(seed: int, protocol: core.Protocol, steps: int = STEPS) -> bool:
-    """One randomized sequence; True if it had a conflict."""
+def run_sequence(seed: int, protocol: core.Protocol, steps: int = STEPS) -> set[str]:
+    """One randomized sequence; the kinds of conflict it had (empty if none)."""
     rng = random.Random(seed)
     race = Race(rng, protocol)
     for action in rng.choices(_FUNCS, _WEIGHTS, k=steps):
         action(race)
-    return race.conflict
+    return race.conflicts
 
 
 def run(sequences: int, seed: int = 0, *, show_progress: bool = False) -> dict:
@@ -178,9 +180,13 @@ def run(sequences: int, seed: int = 0, *, show_progress: bool = False) -> dict:
         if show_progress:
             seeds = progress(seeds, sequences, protocol)
         start = time.perf_counter()
-        conflicts = sum(run_sequence(s, protocol) for s in seeds)
-        result[protocol] = {"conflict_runs": conflicts, "conflict_rate": conflicts / sequences,
-                            "seconds": time.perf_counter() - start}
+        runs, kinds = 0, Counter()
+        for s in seeds:
+            found = run_sequence(s, protocol)
+            runs += bool(found)
+            kinds.update(found)
+        result[protocol] = {"conflict_runs": runs, "conflict_rate": runs / sequences,
+                            "runs_by_kind": dict(kinds), "seconds": time.perf_counter() - start}
     return result
 
 

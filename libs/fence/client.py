@@ -48,6 +48,8 @@ from libs.schemas.fence import (
 
 _log = structlog.get_logger("statefleet.fence.client")
 KICK_ATTEMPTS = 20
+# The lease's ordered consumer notices a lost consumer (e.g. a NATS restart) after missed heartbeats.
+LEASE_HEARTBEAT_S = 1.0
 
 
 class EngineClient:
@@ -110,6 +112,7 @@ class EngineClient:
         self._leases[session_id] = lease
         await lease.start()
         await update_summary(self.js, session_id, new.view)
+        _log.info("claimed", session_id=session_id, server_id=self.server_id, version=version, cursor=cursor)
         return lease
 
     async def checkpoint(self, session_id: str, version: int, ref: str, cursor: int) -> SessionMeta:
@@ -143,7 +146,7 @@ class Lease:
                                     opt_start_seq=self.claim_seq + 1)
         self._sub = await self.client.js.subscribe(log.log_subject(self.session_id), cb=self._on_record,
                                                    ordered_consumer=True, config=config,
-                                                   stream=log.SESSION_STREAM)
+                                                   stream=log.SESSION_STREAM, idle_heartbeat=LEASE_HEARTBEAT_S)
         self._kicker = asyncio.create_task(self._kick())
 
     async def stop(self) -> None:

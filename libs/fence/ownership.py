@@ -51,6 +51,7 @@ async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str
         await nc.publish(log.assigned_subject(server_id), encode(AssignNotice(
             session_id=session_id, server_id=server_id, version=event.version, log_seq=new.seq)))
         await update_summary(js, session_id, new.view)
+        _log.info("assigned", session_id=session_id, server_id=server_id, version=event.version, log_seq=new.seq)
         return Assigned(session_id, server_id, event.version, new.seq)
     raise errors.Conflict("assign kept losing the race", session_id=session_id)
 

@@ -12,7 +12,7 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
-from libs import bus
+from libs import bus, telemetry
 from libs.config import BaseConfig, PositiveInt
 from libs.fence import log
 from libs.schemas.fence import CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
@@ -53,7 +53,7 @@ class FenceService(Service):
                                         ("meta", MetaRequest, self.sessions.meta),
                                         ("checkpoint", CheckpointRequest, self.sessions.checkpoint),
                                         ("close", CloseRequest, self.sessions.close)):
-            await bus.serve(self.nc, f"sf.fence.{verb}", req_type, handler, queue="fence")
+            await bus.serve(self.nc, f"sf.fence.{verb}", req_type, _traced(verb, handler), queue="fence")
         await self.nc.subscribe(CLOSED_SUBJECT, cb=self._on_closed)
         await self.gateway.start(self.spawn)
         ingress = Ingress(self.sessions, self.appender, self.gateway, max_item_bytes=cfg.max_item_bytes,
@@ -74,3 +74,14 @@ class FenceService(Service):
     async def teardown(self) -> None:
         await self._runner.cleanup()
         await self.gateway.stop()
+
+
+def _traced(verb: str, handler):
+    """A span around each verb, tagged with its session."""
+    tracer = telemetry.tracer("statefleet.fence")
+
+    async def run(req):
+        with tracer.start_as_current_span(f"fence.{verb}", attributes={"session_id": req.session_id}):
+            return await handler(req)
+
+    return run

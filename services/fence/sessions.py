@@ -14,6 +14,7 @@ import secrets
 import time
 
 import nats.js.errors
+import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
@@ -35,6 +36,7 @@ from libs.schemas.fence import (
 
 CLOSED_SUBJECT = "sf.fence.closed"  # broadcast so every ingress instance stops taking input
 MAX_CAS_ATTEMPTS = 16
+_log = structlog.get_logger("statefleet.fence.sessions")
 
 
 def token_digest(token: str) -> bytes:
@@ -65,6 +67,7 @@ class Sessions:
         except nats.js.errors.KeyWrongLastSequenceError:
             raise errors.Conflict("session already registered", session_id=req.session_id) from None
         self._cache[req.session_id] = meta
+        _log.info("session_registered", session_id=req.session_id, backend=req.backend)
         summaries = await self.js.key_value(names.SESSIONS_BUCKET)
         await summaries.put(req.session_id, encode(SessionSummary(
             session_id=req.session_id, backend=req.backend, state="pending", updated_at=time.time())))
@@ -108,6 +111,7 @@ class Sessions:
             except errors.Conflict:
                 continue
             await ownership.update_summary(self.js, req.session_id, new.view)
+            _log.info("session_closed", session_id=req.session_id, log_seq=new.seq)
             return CloseReply(session_id=req.session_id, log_seq=new.seq)
         raise errors.Conflict("close kept losing the race", session_id=req.session_id)
 

@@ -11,9 +11,9 @@ import aiohttp
 
 from libs import bus
 from libs.fence import ownership
+from services.fence.inputs import read_items
 from tests.fence.conftest import engine, post, register, wait_for
 from tests.fence.invariants import check_log, read_log
-from services.fence.inputs import read_items
 
 SESSIONS = ("f0", "f1", "f2")
 
