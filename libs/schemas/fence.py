@@ -69,15 +69,20 @@ class LogRecord(Msg):
 # ---------------------------------------------------------------- shared metadata (KV `sf_fence_meta`)
 
 
-class SessionMeta(Msg):
-    """What a replacement server rebuilds a session from, next to the log. Only the owner moves the checkpoint."""
+class SessionSpec(Msg):
+    """What admission registers about a session: everything needed to start it from scratch."""
 
     session_id: str
     backend: str
     seed: int
     prompt: str = ""
     contract: bytes = b""  # opaque msgpack written by admission
-    tier: int = 0
+    tier: int = 0  # quality tier
+
+
+class SessionMeta(SessionSpec):
+    """What a replacement server rebuilds a session from, next to the log. Only the owner moves the checkpoint."""
+
     token_sha256: bytes = b""  # the input token itself is never stored
     checkpoint_ref: str = ""  # where the owner's latest checkpoint lives ("" = replay from seed)
     checkpoint_cursor: int = 0  # the item seq that checkpoint reflects
@@ -88,13 +93,8 @@ class SessionMeta(Msg):
 # ---------------------------------------------------------------- sf.fence.<verb> requests
 
 
-class RegisterRequest(Msg):
-    session_id: str
-    backend: str
-    seed: int
-    prompt: str = ""
-    contract: bytes = b""
-    tier: int = 0
+class RegisterRequest(SessionSpec):
+    """`sf.fence.register`: admission registers a new session and receives its input token."""
 
 
 class RegisterReply(Msg):

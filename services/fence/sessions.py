@@ -32,6 +32,7 @@ from libs.schemas.fence import (
     RegisterReply,
     RegisterRequest,
     SessionMeta,
+    SessionSpec,
 )
 
 CLOSED_SUBJECT = "sf.fence.closed"  # broadcast so every ingress instance stops taking input
@@ -59,9 +60,8 @@ class Sessions:
             raise errors.TooLarge(f"contract is {len(req.contract)} bytes (max {self.max_contract_bytes})",
                                   session_id=req.session_id)
         token = secrets.token_urlsafe(32)
-        meta = SessionMeta(session_id=req.session_id, backend=req.backend, seed=req.seed, prompt=req.prompt,
-                           contract=req.contract, tier=req.tier, token_sha256=token_digest(token),
-                           created_at=time.time())
+        spec = {name: getattr(req, name) for name in SessionSpec.__struct_fields__}
+        meta = SessionMeta(**spec, token_sha256=token_digest(token), created_at=time.time())
         try:
             await self.kv.create(req.session_id, encode(meta))
         except nats.js.errors.KeyWrongLastSequenceError:
