@@ -27,6 +27,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
 
 from libs import bus, errors
 from libs.fence import core, log
@@ -58,6 +59,7 @@ class EngineClient:
         self._notices: asyncio.Queue[AssignNotice] = asyncio.Queue()
         self._sub: Subscription | None = None
         self._leases: dict[str, Lease] = {}
+        self._meta_kv: KeyValue | None = None
 
     async def start(self) -> None:
         """Listen for assignments addressed to this server (a hint; each is checked against the log)."""
@@ -120,6 +122,11 @@ class EngineClient:
         req = CheckpointRequest(session_id=session_id, server_id=self.server_id, version=version,
                                 ref=ref, cursor=cursor)
         return await bus.request(self.nc, "sf.fence.checkpoint", req, SessionMeta)
+
+    async def meta_kv(self) -> KeyValue:
+        if self._meta_kv is None:
+            self._meta_kv = await self.js.key_value(log.META_BUCKET)
+        return self._meta_kv
 
     def lease(self, session_id: str) -> Lease | None:
         return self._leases.get(session_id)
@@ -213,6 +220,6 @@ class Lease:
             raise errors.BadRequest(f"applied cursor went back from {self.applied} to {cursor}",
                                     session_id=self.session_id)
         self.applied = cursor
-        kv = await self.client.js.key_value(log.META_BUCKET)
+        kv = await self.client.meta_kv()
         await kv.put(f"{self.session_id}.applied", encode(AppliedCursor(
             server_id=self.owner.server_id, version=self.owner.version, cursor=cursor)))

@@ -33,6 +33,9 @@ from libs.telemetry import counter
 from services.fence import inputs
 
 CONSUMER = "fence-gateway"
+# A crashed instance's unacked items go to another after this; a redelivered item is harmless (the
+# pump finds it released and acks it), and any later item or claim for the session releases it sooner.
+ACK_WAIT_S = 5.0
 _released = counter("sf_fence_released_items_total", "Items released to a claimed owner")
 _cas_lost = counter("sf_fence_release_cas_lost_total", "Release appends refused because the log moved")
 
@@ -50,7 +53,7 @@ class Gateway:
 
     async def start(self, spawn) -> None:
         config = api.ConsumerConfig(durable_name=CONSUMER, ack_policy=api.AckPolicy.EXPLICIT,
-                                    ack_wait=30, max_ack_pending=-1, filter_subject="sf.input.>")
+                                    ack_wait=ACK_WAIT_S, max_ack_pending=-1, filter_subject="sf.input.>")
         self._sub = await self.js.pull_subscribe("sf.input.>", durable=CONSUMER, stream=log.INPUT_STREAM,
                                                  config=config)
         await bus.serve(self.nc, "sf.fence.kick", Kick, self._on_kick, queue="fence")
@@ -85,7 +88,13 @@ class Gateway:
                 self.log.warning("gateway_fetch_failed", error=str(e) or type(e).__name__)
                 await asyncio.sleep(0.2)
                 continue
-            await self._handle(msgs)
+            try:
+                await self._handle(msgs)
+            except asyncio.CancelledError:  # stopping: hand unfinished items straight to another instance
+                for m in msgs:
+                    with contextlib.suppress(Exception):
+                        await m.nak()
+                raise
 
     async def _handle(self, msgs) -> None:
         by_session: defaultdict[str, list[tuple[InputItem, int]]] = defaultdict(list)
@@ -102,7 +111,7 @@ class Gateway:
             if isinstance(result, BaseException):
                 self.log.warning("pump_failed", session_id=sid, error=repr(result))
         # An item is done once released, or waiting for a claim (whose kick releases it). Items of a
-        # pump that failed are not acked: the consumer redelivers them after ack_wait.
+        # pump that failed are not acked: the consumer redelivers them after ACK_WAIT_S.
         failed = {sid for (sid, _), r in zip(by_session.items(), results, strict=True)
                   if isinstance(r, BaseException)}
         for m in msgs:

@@ -12,7 +12,7 @@ import aiohttp
 from libs import bus
 from libs.fence import ownership
 from services.fence.inputs import read_items
-from tests.fence.conftest import engine, post, register, wait_for
+from tests.fence.conftest import engine, post, register, start_fence, wait_for
 from tests.fence.invariants import check_log, read_log
 
 SESSIONS = ("f0", "f1", "f2")
@@ -106,3 +106,22 @@ async def test_nats_restart_loses_no_accepted_item(fence, nats_server, nc):
     await wait_for(lambda: eng.state["n0"] == stored, 30)
     check_log(await read_log(js, "n0"))
     await eng.stop()
+
+
+async def test_a_stopped_gateway_instance_loses_nothing(nats_server, nc, http):
+    """Two fence instances share the work; one stops mid-stream and the other carries on."""
+    fences = [await start_fence(nats_server.url, f"fence-{i}") for i in range(2)]
+    eng = await engine(nc, "E")
+    tokens = {sid: await register(nc, sid) for sid in SESSIONS}
+    for sid in SESSIONS:
+        await eng.adopt(sid, (await ownership.assign(nc, nc.jetstream(), sid, "E")).version)
+    for i in range(40):
+        if i == 20:
+            await fences[0].stop()
+        for sid in SESSIONS:
+            status, _ = await post(http, fences[1] if i >= 20 else fences[i % 2], sid, tokens[sid],
+                                   {"kind": "text", "data": str(i)})
+            assert status == 200
+    await wait_for(lambda: all(eng.state[sid] == list(range(1, 41)) for sid in SESSIONS), 20)
+    await eng.stop()
+    await fences[1].stop()
