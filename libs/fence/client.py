@@ -97,6 +97,7 @@ class EngineClient:
         Raises `Conflict` if the assignment is stale, not ours, or already claimed.
         """
         log.check_session_id(session_id)
+        me = Owner(server_id=self.server_id, version=version)
         for _ in range(MAX_CAS_ATTEMPTS):
             tail = await log.read_tail(self.js, session_id)
             event = core.decide_claim(tail.view, self.server_id, version, cursor)
@@ -105,9 +106,16 @@ class EngineClient:
                 break
             except errors.Conflict:
                 continue  # something landed meanwhile: decide again on the new tail
+            except errors.Unavailable:
+                # The append's answer was lost. If it landed, it is the record right after `tail`
+                # (that is what the CAS allows), so the lease may read from there.
+                new = await log.read_tail(self.js, session_id)
+                if new.view.owner == me and new.view.claim == me:
+                    new = log.Tail(new.view, tail.seq)
+                    break
         else:
             raise errors.Conflict("claim kept losing the race", session_id=session_id)
-        lease = Lease(self, session_id, Owner(server_id=self.server_id, version=version), cursor, new.seq)
+        lease = Lease(self, session_id, me, cursor, new.seq)
         old = self._leases.pop(session_id, None)
         if old is not None:
             await old.stop()
@@ -135,13 +143,13 @@ class EngineClient:
 class Lease:
     """One claimed incarnation `(server_id, version)` of a session: its in-order input, until revoked."""
 
-    def __init__(self, client: EngineClient, session_id: str, owner: Owner, cursor: int, claim_seq: int):
+    def __init__(self, client: EngineClient, session_id: str, owner: Owner, cursor: int, read_after: int):
         self.client = client
         self.session_id = session_id
         self.owner = owner
         self.cursor = cursor  # the item seq the installed state reflects; input resumes after it
         self.applied = cursor
-        self.claim_seq = claim_seq
+        self.read_after = read_after  # a log position at or just before the claim: the lease reads after it
         self.revoked = asyncio.Event()
         self._items: asyncio.Queue[InputItem | None] = asyncio.Queue()
         self._next = cursor + 1
@@ -150,7 +158,7 @@ class Lease:
 
     async def start(self) -> None:
         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                    opt_start_seq=self.claim_seq + 1)
+                                    opt_start_seq=self.read_after + 1)
         self._sub = await self.client.js.subscribe(log.log_subject(self.session_id), cb=self._on_record,
                                                    ordered_consumer=True, config=config,
                                                    stream=log.SESSION_STREAM, idle_heartbeat=LEASE_HEARTBEAT_S)
