@@ -155,6 +155,7 @@ class Lease:
         self._next = cursor + 1
         self._sub: Subscription | None = None
         self._kicker: asyncio.Task | None = None
+        self._stopper: asyncio.Task | None = None
 
     async def start(self) -> None:
         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
@@ -165,12 +166,15 @@ class Lease:
         self._kicker = asyncio.create_task(self._kick())
 
     async def stop(self) -> None:
+        """Stop reading the log (the consumer goes away); the iterator ends after what it holds."""
         if self._kicker is not None:
             self._kicker.cancel()
-        if self._sub is not None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
             with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                await self._sub.unsubscribe()
-            self._sub = None
+                await sub.unsubscribe()
+        if self.client._leases.get(self.session_id) is self:
+            del self.client._leases[self.session_id]
         self._end()
 
     def _end(self) -> None:
@@ -207,6 +211,8 @@ class Lease:
                 self._items.put_nowait(item)
         if core.revoked(self.owner, record.view):
             self._end()
+            # Nothing more can be addressed to this incarnation: drop its consumer.
+            self._stopper = asyncio.get_running_loop().create_task(self.stop())
 
     def __aiter__(self) -> AsyncIterator[InputItem]:
         return self._iterate()

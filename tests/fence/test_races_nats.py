@@ -84,6 +84,10 @@ async def test_two_gateways_with_concurrent_reassignment(nats_server, http, seed
                 got = released.get(lease.owner, [])
                 assert got == list(range(lease.cursor + 1, lease.cursor + 1 + len(got)))
         assert sum(f.gateway.tails != {} for f in fences) == 2  # both gateways took part
+        # Revoked leases let go of their consumers; each engine keeps only the leases it still holds.
+        await wait_for(lambda: all(e.client.lease(sid) is None or not e.client.lease(sid).revoked.is_set()
+                                   for e in engines for sid in SESSIONS))
+        assert [e.client.lease(sid) is not None for e in engines for sid in SESSIONS] == [True] * 3 + [False] * 6
     finally:
         stop.set()
         for t in loops:
