@@ -107,13 +107,13 @@ class Gateway:
             by_session[item.session_id].append((item, m.metadata.sequence.stream))
         results = await asyncio.gather(*(self.pump(sid, items) for sid, items in by_session.items()),
                                        return_exceptions=True)
-        for (sid, _), result in zip(by_session.items(), results, strict=True):
+        failed = set()
+        for sid, result in zip(by_session, results, strict=True):
             if isinstance(result, BaseException):
+                failed.add(sid)
                 self.log.warning("pump_failed", session_id=sid, error=repr(result))
         # An item is done once released, or waiting for a claim (whose kick releases it). Items of a
         # pump that failed are not acked: the consumer redelivers them after ACK_WAIT_S.
-        failed = {sid for (sid, _), r in zip(by_session.items(), results, strict=True)
-                  if isinstance(r, BaseException)}
         for m in msgs:
             if m.subject.removeprefix("sf.input.") not in failed:
                 with contextlib.suppress(nats.errors.Error):
