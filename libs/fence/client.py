@@ -224,10 +224,6 @@ class Lease:
                 return
             yield item
 
-    def pending(self) -> int:
-        """Items released to this lease and not yet taken by the iterator."""
-        return self._items.qsize()
-
     async def report_applied(self, cursor: int) -> None:
         """The engine's state now reflects every item up to `cursor` (kept in the meta bucket as a hint)."""
         if cursor < self.applied:

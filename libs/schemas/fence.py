@@ -7,8 +7,6 @@ a reader the owner, the claim and the release cursor (one direct get, no replay)
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from libs.schemas.base import Msg
 from libs.schemas.common import InputItem
 
@@ -129,7 +127,6 @@ class CloseReply(Msg):
 class AssignNotice(Msg):
     """Published on `sf.fence.assigned.<server_id>` after an assign lands: a hint, the log decides."""
 
-    V_MAX: ClassVar[int] = 1
     session_id: str
     server_id: str
     version: int
