@@ -73,7 +73,7 @@ class SessionMetrics(msgspec.Struct, kw_only=True):
 
 
 class SessionView(Msg):
-    """GET /v1/sessions/{session_id}, and the body of a successful create (201 placed, 202 queued)."""
+    """GET /v1/sessions/{session_id}. The owner fields are fence's log as last read: a hint."""
 
     session_id: str
     state: SessionState
@@ -84,6 +84,22 @@ class SessionView(Msg):
     metrics: SessionMetrics
     created_at: float
     updated_at: float
+    owner_server_id: str = ""  # the latest fence assignment (server_id, version)
+    owner_version: int = 0
+    claimed: bool = False  # the assigned server has claimed: it takes the session's input
+
+
+class CreatedSession(SessionView):
+    """The body of a successful create (201 placed, 202 queued): the view plus how to talk to the session.
+
+    `input_token` is shown once (fence keeps only its hash); it authorizes the input and output
+    routes of fence's ingress, whose URLs follow.
+    """
+
+    input_token: str = ""
+    input_url: str = ""  # POST {"kind": "text"|"action"|"json", "data": ...}
+    input_ws_url: str = ""  # the same items over a WebSocket
+    output_ws_url: str = ""  # frames/audio chunks as the engine publishes them
 
 
 class QueueEntry(msgspec.Struct, kw_only=True):

@@ -1,7 +1,7 @@
 """The session API over HTTP (aiohttp): thin handlers, every error as `application/problem+json`.
 
 Routes (the OpenAPI document at `/openapi.json` is the contract):
-  POST   /v1/sessions                 CreateSession → 201 SessionView (placed) | 202 SessionView (queued)
+  POST   /v1/sessions                 CreateSession → 201 CreatedSession (placed) | 202 CreatedSession (queued)
   GET    /v1/sessions/{session_id}    → SessionView
   DELETE /v1/sessions/{session_id}    → 204
   GET    /v1/admin/queue              → QueueView   (Authorization: Bearer <admin_token>)
@@ -23,6 +23,7 @@ from aiohttp import web
 from libs.errors import BadRequest, Forbidden, Internal, NotFound, StatefleetError, Unauthorized
 from libs.schemas.admission import (
     SESSION_ID_PATTERN,
+    CreatedSession,
     CreateSession,
     FleetView,
     Problem,
@@ -41,7 +42,7 @@ _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 
 
 class SessionApi(Protocol):
-    async def create(self, req: CreateSession) -> tuple[int, SessionView]: ...
+    async def create(self, req: CreateSession) -> tuple[int, CreatedSession]: ...
     async def get(self, session_id: str) -> SessionView: ...
     async def delete(self, session_id: str) -> None: ...
     def queue_view(self) -> QueueView: ...

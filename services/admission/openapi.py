@@ -8,6 +8,7 @@ import msgspec
 
 from libs.schemas.admission import (
     SESSION_ID_PATTERN,
+    CreatedSession,
     CreateSession,
     FleetView,
     Problem,
@@ -16,7 +17,7 @@ from libs.schemas.admission import (
 )
 
 _REF = "#/components/schemas/{name}"
-_, _COMPONENTS = msgspec.json.schema_components([CreateSession, SessionView, QueueView, FleetView, Problem],
+_, _COMPONENTS = msgspec.json.schema_components([CreateSession, CreatedSession, SessionView, QueueView, FleetView, Problem],
                                                  ref_template=_REF)
 
 
@@ -45,8 +46,8 @@ OPENAPI: dict[str, Any] = {
             "operationId": "createSession",
             "summary": "Admit a session against its contract and place it, or queue it",
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(CreateSession)}}},
-            "responses": {"201": _body(SessionView, "admitted and placed"),
-                          "202": _body(SessionView, "waiting in the admission queue"),
+            "responses": {"201": _body(CreatedSession, "admitted, placed and assigned to an engine host"),
+                          "202": _body(CreatedSession, "registered, waiting in the admission queue"),
                           **_problems(400, 413, 422, 429, 503)},
         }},
         "/v1/sessions/{session_id}": {

@@ -9,8 +9,13 @@ Create: decide (core) → if admitted, ask placement for a host (`sf.placement.p
 → record `placed` with the host and demand. A candidate that does not fit now, or
 that placement could not place, is recorded `queued` and placed later by the drain
 loop, which wakes on every engine heartbeat change, on deletes and on deadlines.
-Registering the placed session with fence and assigning it to the host is the next
-step after `_placed`, added when the fence is wired in.
+
+Fence is the authority for who serves a session. Every session that is not
+rejected is registered with fence at create (fence issues its input token, shown
+once in the create reply), and placing it ends with fence's `assign` to the
+chosen host, which then restores or initialises the state and claims. Delete
+closes the session at fence (ingress stops, the owner's lease is revoked and it
+shuts the session down in order) before the record goes.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from opentelemetry import trace
 from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
 from libs.contracts import Demand, Guard
-from libs.errors import Busy, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
+from libs.errors import Busy, Conflict, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
+from libs.fence.ownership import assign, read_owner
 from libs.schemas.admission import (
+    CreatedSession,
     CreateSession,
     FleetHost,
     FleetView,
@@ -44,6 +51,7 @@ from libs.schemas.admission import (
 )
 from libs.schemas.base import decode, encode
 from libs.schemas.common import EngineEntry
+from libs.schemas.fence import CloseReply, CloseRequest, RegisterReply, RegisterRequest
 from libs.schemas.placement import Placement, PlaceRequest
 from libs.service import Service
 from libs.telemetry import counter, histogram, tracer
@@ -67,6 +75,9 @@ class AdmissionConfig(BaseConfig, kw_only=True):
     reservation_settle_s: PositiveFloat = 6.0
     place_timeout_s: PositiveFloat = 2.0
     engine_watch_silence_s: PositiveFloat = 5.0  # re-open the sf_engines watch after this long without news
+    fence_timeout_s: PositiveFloat = 2.0
+    # Where clients reach fence's ingress (input and output); `statefleet up` sets it to fence's port.
+    ingress_url: str = "http://127.0.0.1:8701"
 
 
 class AdmissionService(Service):
@@ -102,7 +113,7 @@ class AdmissionService(Service):
 
     # ------------------------------------------------------------ the session API (called by http)
 
-    async def create(self, req: CreateSession) -> tuple[int, SessionView]:
+    async def create(self, req: CreateSession) -> tuple[int, CreatedSession]:
         """Admit and place, or queue; 201 with the placed session, 202 with the queued one."""
         if len(req.prompt.encode()) > self.config.max_prompt_bytes:
             raise TooLarge(f"prompt is over {self.config.max_prompt_bytes} bytes", field="prompt",
@@ -111,36 +122,65 @@ class AdmissionService(Service):
         with tracer().start_as_current_span("admission.create", attributes={"session_id": cand.session_id}):
             return await self._create(cand, req)
 
-    async def _create(self, cand: Candidate, req: CreateSession) -> tuple[int, SessionView]:
+    async def _create(self, cand: Candidate, req: CreateSession) -> tuple[int, CreatedSession]:
         async with self._lock:
             now = time.time()
             verdict = self.core.submit(cand, self._live(), now)
             _verdicts.add(1, {"outcome": verdict.outcome, "reason": verdict.reason})
             trace.get_current_span().set_attribute("verdict", verdict.outcome)
+            if verdict.outcome == "rejected":
+                raise _rejection(verdict)
+            try:
+                token = await self._register(cand.session_id, req)
+            except StatefleetError:
+                self.core.forget(cand.session_id)  # not registered, so not queued either
+                raise
             record = SessionRecord(session_id=cand.session_id, backend=req.backend, contract=req.contract,
                                    seed=req.seed, prompt=req.prompt, state="queued", verdict=verdict,
                                    created_at=now, updated_at=now, queue_deadline=verdict.queue_deadline)
             if verdict.outcome == "admitted":
                 placed = await self._place(record, verdict, create=True)
                 if placed is not None:
-                    return 201, self._view(placed)
+                    return 201, await self._created(placed, token)
                 verdict = self.core.enqueue(cand, now, estimates=verdict.estimates)
                 record = msgspec.structs.replace(record, verdict=verdict, queue_deadline=verdict.queue_deadline)
-            if verdict.outcome == "rejected":
-                raise _rejection(verdict)
             try:
                 await self._kv(self.records.create(cand.session_id, encode(record)))
             except StatefleetError:
                 self.core.forget(cand.session_id)  # nothing recorded, so nothing queued
+                await self._close_at_fence(cand.session_id, "admission record not written")
                 raise
-        return 202, self._view(record)
+        return 202, await self._created(record, token)
+
+    async def _register(self, session_id: str, req: CreateSession) -> str:
+        """Register with fence (shared metadata for any server that will run it); returns the input token."""
+        reg = RegisterRequest(session_id=session_id, backend=req.backend, seed=req.seed, prompt=req.prompt,
+                              contract=encode(req.contract), tier=req.contract.quality_floor)
+        reply = await bus.request(self.nc, "sf.fence.register", reg, RegisterReply,
+                                  timeout_s=self.config.fence_timeout_s)
+        return reply.token
+
+    async def _close_at_fence(self, session_id: str, reason: str) -> None:
+        try:
+            await bus.request(self.nc, "sf.fence.close", CloseRequest(session_id=session_id, reason=reason),
+                              CloseReply, timeout_s=self.config.fence_timeout_s)
+        except NotFound:
+            pass  # never registered (or already gone): nothing to close
+
+    async def _created(self, record: SessionRecord, token: str) -> CreatedSession:
+        view = await self._owned_view(record)
+        base = f"{self.config.ingress_url.rstrip('/')}/v1/sessions/{record.session_id}"
+        ws = "ws" + base.removeprefix("http")
+        return CreatedSession(**msgspec.structs.asdict(view), input_token=token, input_url=f"{base}/items",
+                              input_ws_url=f"{ws}/ws", output_ws_url=f"{ws}/output")
 
     async def get(self, session_id: str) -> SessionView:
-        return self._view(await self._load(session_id))
+        return await self._owned_view(await self._load(session_id))
 
     async def delete(self, session_id: str) -> None:
         async with self._lock:
             await self._load(session_id)
+            await self._close_at_fence(session_id, "deleted")
             await self._kv(self.records.delete(session_id))
             self.core.forget(session_id)
         self._wake.set()
@@ -172,7 +212,9 @@ class AdmissionService(Service):
         try:
             placement = await bus.request(self.nc, names.PLACEMENT_PLACE, req, Placement,
                                           timeout_s=self.config.place_timeout_s)
-        except (Rejected, Unavailable, Timeout) as e:
+            # The host learns of the session from this assignment; it claims once its state is up.
+            await assign(self.nc, self.js, sid, placement.host_id)
+        except (Rejected, Unavailable, Timeout, Conflict) as e:
             self.log.info("placement_deferred", session_id=sid, code=e.code, detail=e.detail)
             return None
         now = time.time()
@@ -290,6 +332,22 @@ class AdmissionService(Service):
         """Hosts with a fresh heartbeat; TTL-expired keys raise no watch event, so age them out here."""
         oldest = time.time() - self.config.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
         return [h for h in self._engines.values() if h.heartbeat_at >= oldest]
+
+    async def _owned_view(self, r: SessionRecord) -> SessionView:
+        """The view with fence's owner as the log last said (a hint; no read decides anything)."""
+        view = self._view(r)
+        if r.state != "placed":
+            return view
+        try:
+            tail = await read_owner(self.js, r.session_id)
+        except StatefleetError as e:
+            self.log.info("owner_unread", session_id=r.session_id, code=e.code)
+            return view
+        owner, claim = tail.view.owner, tail.view.claim
+        if owner is not None:
+            view = msgspec.structs.replace(view, owner_server_id=owner.server_id, owner_version=owner.version,
+                                           claimed=claim == owner)
+        return view
 
     def _view(self, r: SessionRecord) -> SessionView:
         est = r.verdict.estimates[0] if r.verdict.estimates else None

@@ -11,6 +11,7 @@ from libs import bus, names
 from libs.schemas.base import encode
 from libs.schemas.common import EngineEntry
 from services.admission.service import AdmissionConfig, AdmissionService
+from services.fence.service import FenceConfig, FenceService
 from services.placement.service import PlacementConfig, PlacementService
 from tests.admission.fleet import host
 
@@ -49,7 +50,16 @@ async def placement(nats_server):
 
 
 @pytest.fixture
-async def start_admission(nats_server):
+async def fence(nats_server):
+    svc = FenceService(FenceConfig(nats_url=nats_server.url, http_port=0, log_json=False))
+    await svc.start()
+    yield svc
+    if not svc._stopping.is_set():
+        await svc.stop()
+
+
+@pytest.fixture
+async def start_admission(nats_server, fence):
     started: list[AdmissionService] = []
 
     async def start(**kw) -> AdmissionService:
