@@ -25,3 +25,12 @@ def ping_subject(service: str) -> str:
 
 def engine_subject(host_id: str, verb: str) -> str:
     return f"sf.engine.{host_id}.{verb}"
+
+
+# Engine output for the frontend: `OutputChunk`s of one session (owner: engine_host).
+def output_subject(session_id: str) -> str:
+    return f"sf.output.{session_id}"
+
+
+# Object Store bucket for small session checkpoints (owner: engine_host; large ones go to a filesystem path).
+CHECKPOINTS_BUCKET = "sf_checkpoints"
