@@ -75,7 +75,7 @@ def trees_equal(a: Any, b: Any) -> bool:
     sb, lb = split(b)
     if sa != sb or len(la) != len(lb):
         return False
-    return all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.cpu(), y.cpu()) for x, y in zip(la, lb))
+    return all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.cpu(), y.cpu()) for x, y in zip(la, lb, strict=True))
 
 
 def byte_view(t: torch.Tensor) -> memoryview:

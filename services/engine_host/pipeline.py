@@ -201,7 +201,7 @@ class Pipeline:
         edges = [Mailbox(edge_capacity) for _ in range(len(stages) + 1)]
         self.source = edges[0]
         inboxes, outboxes = edges[:-1], edges[1:]
-        self.actors = [_Actor(self, s, inbox, out, max_sessions) for s, inbox, out in zip(stages, inboxes, outboxes)]
+        self.actors = [_Actor(self, s, inbox, out, max_sessions) for s, inbox, out in zip(stages, inboxes, outboxes, strict=True)]
         self.out_edge = edges[-1]
         self._tasks: list[asyncio.Task] = []
         self._drained: dict[str, asyncio.Event] = {}
@@ -250,7 +250,12 @@ class Pipeline:
             it.epoch = self.epochs[it.sid]
             self.in_flight[it.sid] += 1
             self._drained[it.sid].clear()
-        await self.source.put(work)
+        try:
+            await self.source.put(work)
+        except BaseException:  # cancelled while waiting for room: it never entered, so it is not in flight
+            for it in work.items:
+                self._forget(it)
+            raise
 
     async def close(self, sid: str, *, drain: bool = True) -> None:
         """Ordered shutdown of one session; raises Internal if a slot or work of it is left behind."""

@@ -472,7 +472,7 @@ class EngineRuntime:
 
     async def _start(self, d: Dispatch, now: float) -> None:
         items = []
-        for sid, deadline in zip(d.sids, d.deadlines):
+        for sid, deadline in zip(d.sids, d.deadlines, strict=True):
             s = self.sessions[sid]
             self._note_wait(s, now, deadline)
             taken, s.pending = s.pending, []
@@ -505,7 +505,7 @@ class EngineRuntime:
         jobs = [it.data for it in work.items]
         backend = jobs[0].session.backend
         carries = backend.denoise_batch([j.session.state for j in jobs], [j.carry for j in jobs], work.meta.tier)
-        for j, c in zip(jobs, carries):
+        for j, c in zip(jobs, carries, strict=True):
             j.carry = c
 
     def _decode(self, work: Work) -> None:

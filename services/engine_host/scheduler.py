@@ -217,7 +217,7 @@ class EdfScheduler:
     # ------------------------------------------------------------ completion
 
     def done(self, d: Dispatch, now: float) -> None:
-        for sid, deadline in zip(d.sids, d.deadlines):
+        for sid, deadline in zip(d.sids, d.deadlines, strict=True):
             t = self.tasks.get(sid)
             if t is None:
                 continue  # removed while running

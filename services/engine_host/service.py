@@ -39,8 +39,8 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     max_sessions: PositiveInt = 64
     max_batch: PositiveInt = 8
     guard_ms: Annotated[float, msgspec.Meta(ge=0)] = 2.0
-    # the world model's KV cache per session (0: the small default); sets its window at d_model 256, 4 layers
-    world_cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # the world model's state per session (0: the small default); sets its window at d_model 256, 4 layers
+    world_state_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
     checkpoint_dir: str = ""  # shared filesystem path for checkpoints over checkpoint_inline_max_bytes
     checkpoint_inline_max_bytes: PositiveInt = 64 << 20
     profile_blocks: PositiveInt = 5
@@ -82,8 +82,8 @@ class EngineHostService(Service):
         objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)
         store = CheckpointStore(objects, cfg.checkpoint_dir or None, inline_max_bytes=cfg.checkpoint_inline_max_bytes)
         configs = {}
-        if cfg.world_cache_bytes:
-            configs["world"] = msgspec.msgpack.encode(WorldConfig.for_cache_bytes(cfg.world_cache_bytes))
+        if cfg.world_state_bytes:
+            configs["world"] = msgspec.msgpack.encode(WorldConfig.for_state_bytes(cfg.world_state_bytes))
         self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
                                      backend_configs=configs, max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
                                      max_sessions=cfg.max_sessions)

@@ -33,7 +33,7 @@ def test_same_seed_and_inputs_are_bit_exact(make, inputs):
     s1, o1 = run(a, 11, parsed, a.tiers[-1])
     s2, o2 = run(b, 11, parsed, b.tiers[-1])
     assert trees_equal(s1, s2)
-    for x, y in zip(o1, o2):
+    for x, y in zip(o1, o2, strict=True):
         assert torch.equal(x.frames, y.frames)
         assert (x.audio is None and y.audio is None) or torch.equal(x.audio, y.audio)
     s3, o3 = run(a, 12, parsed, a.tiers[-1])
@@ -65,9 +65,13 @@ def test_world_rewrites_three_quarters_of_its_window_in_place():
 
 
 def test_world_cache_size_is_configurable():
-    cfg = WorldConfig.for_cache_bytes(256 << 20)
-    assert abs(cfg.cache_bytes - (256 << 20)) / (256 << 20) < 0.01
-    assert WorldConfig().cache_bytes < 1 << 20
+    cfg = WorldConfig.for_state_bytes(256 << 20)
+    assert abs(cfg.state_bytes - (256 << 20)) / (256 << 20) < 0.01
+    assert WorldConfig.for_state_bytes(4 << 30).state_bytes > 4e9
+    small = WorldConfig()
+    assert small.cache_bytes < 1 << 20
+    assert small.state_bytes == sum(t.numel() * t.element_size() for k, t in WorldBackend(small).init_state(1, "").items()
+                                    if k in ("kv", "pos", "latent", "action"))
 
 
 def test_fewer_denoise_steps_differ_and_state_depends_on_tier():
@@ -106,6 +110,6 @@ def test_batched_denoise_matches_single_blocks(make):
     carries = [b.encode(s, []) for s in states]
     batched = b.denoise_batch(states, carries, b.tiers[0])
     singles = [b.denoise(s, b.encode(s, []), b.tiers[0]) for s in twins]
-    for x, y in zip(batched, singles):
+    for x, y in zip(batched, singles, strict=True):
         torch.testing.assert_close(x, y)
     assert [s["block"] for s in states] == [t["block"] for t in twins] == [1, 1, 1]

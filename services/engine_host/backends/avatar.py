@@ -109,7 +109,7 @@ class AvatarBackend:
         c, w = self.config, self.w
         x = torch.stack([torch.randn((c.frames, c.d_model), generator=block_generator(s["seed"], s["block"]))
                          for s in states]).to(self.device)
-        ctx = torch.stack([torch.cat([cond, s["prosody"]]) for s, cond in zip(states, carries)])  # [B, C+P, D]
+        ctx = torch.stack([torch.cat([cond, s["prosody"]]) for s, cond in zip(states, carries, strict=True)])  # [B, C+P, D]
         keys, vals = ctx @ w["k"], ctx @ w["v"]
         for _ in range(steps):
             att = torch.softmax((x @ w["q"]) @ keys.transpose(1, 2) / math.sqrt(c.d_model), dim=-1) @ vals

@@ -5,7 +5,7 @@ of W = 4T/3 cached tokens, then writes the new tokens' keys and values into the
 ring cache in place: three quarters of the cache change every block, as in the
 window-rewrite world models statefleet is built for. Latents decode to a small
 RGB frame. The cache is `layers·2·W·d_model·4` bytes: from a few MB (defaults)
-to several GB (e.g. d_model=1024, layers=8, grid 96×128).
+to several GB (`WorldConfig.for_state_bytes(4 << 30)`).
 """
 
 from __future__ import annotations
@@ -50,13 +50,17 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True):
     def cache_bytes(self) -> int:
         return self.layers * 2 * self.window * self.d_model * 4
 
+    @property
+    def state_bytes(self) -> int:
+        return self.cache_bytes + self.tokens * self.d_model * 4 + self.window * 8 + ACTION_DIM * 4
+
     @staticmethod
-    def for_cache_bytes(target: int, d_model: int = 256, layers: int = 4) -> WorldConfig:
-        """The config whose cache is closest to `target` bytes at this width and depth."""
-        window = max(4, round(target / (layers * 2 * d_model * 4) / 4) * 4)
-        tokens = window * 3 // 4
-        grid_w = 16 if tokens % 16 == 0 else 3
-        return WorldConfig(d_model=d_model, layers=layers, heads=4, grid_h=tokens // grid_w, grid_w=grid_w)
+    def for_state_bytes(target: int, d_model: int = 256, layers: int = 4) -> WorldConfig:
+        """The config whose session state (cache + latents) is closest to `target` bytes."""
+        per_window_slot = d_model * 4 * (2 * layers + 0.75)  # K and V per layer, plus 3/4 slot of latent
+        window = max(64, round(target / per_window_slot / 64) * 64)
+        tokens = window * 3 // 4  # a multiple of 48: grid 16 wide
+        return WorldConfig(d_model=d_model, layers=layers, heads=4, grid_h=tokens // 16, grid_w=16)
 
 
 class WorldBackend:
@@ -147,11 +151,11 @@ class WorldBackend:
         c = self.config
         T = c.tokens
         qpos = [s["next_pos"] + torch.arange(T, device=self.device) for s in states]
-        cond = torch.stack([carry + self._pe(p) for carry, p in zip(carries, qpos)])  # [B, T, D]
+        cond = torch.stack([carry + self._pe(p) for carry, p in zip(carries, qpos, strict=True)])  # [B, T, D]
         noise = torch.stack([torch.randn((T, c.d_model), generator=block_generator(s["seed"], s["block"]))
                              for s in states]).to(self.device)
         x = 0.5 * torch.stack([s["latent"] for s in states]) + 0.5 * noise
-        masks = [self._mask(s["pos"], p) for s, p in zip(states, qpos)]
+        masks = [self._mask(s["pos"], p) for s, p in zip(states, qpos, strict=True)]
         new_kv: list[torch.Tensor] = []
         for _ in range(steps):
             h, new_kv = self._forward(states, x + cond, masks)
@@ -166,8 +170,7 @@ class WorldBackend:
         return list(x.unbind(0))
 
     def _forward(self, states: list[dict], h: torch.Tensor, masks: list[torch.Tensor]):
-        c = self.config
-        B, T, D = h.shape
+        D = h.shape[-1]
         kvs = []
         for li, w in enumerate(self.layers):
             x = F.layer_norm(h, (D,))
