@@ -134,3 +134,17 @@ async def test_checkpoint_restores_bit_exactly_on_another_host(host, nc, nats_se
             await bus.request(nc, subject("restore", "h2"), RestoreSession(session_id="g", key="nope"), SessionInfo)
     finally:
         await other.stop()
+
+
+async def test_statefleet_engines_shows_session_metrics(host, nc, nats_server, capsys):
+    from services.engine_host.status_view import print_engines
+
+    await bus.request(nc, subject("open"), OpenSession(session_id="w", backend="world", seed=1), SessionInfo)
+    await bus.request(nc, subject("advance"), Advance(session_id="w", blocks=3), SessionInfo)
+    assert await print_engines(nats_server.url) == 0
+    out = capsys.readouterr().out
+    assert "h1 cpu" in out and "slot_leaks=0" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("w "))
+    assert "blocks 3" in line and "rtf p95" in line
+    assert await print_engines(nats_server.url, as_json=True) == 0
+    assert json.loads(capsys.readouterr().out)[0]["sessions"][0]["session_id"] == "w"
