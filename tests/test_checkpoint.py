@@ -95,3 +95,13 @@ def test_clone_tree_is_a_deep_copy():
     assert trees_equal(tree, copy)
     copy["kv"][0, 0, 0] += 1
     assert not trees_equal(tree, copy)
+
+
+async def test_data_without_a_manifest_is_not_a_checkpoint(store, tmp_path):
+    """A writer that died between data and manifest leaves nothing a reader would take."""
+    await store.objects.put("half.data", b"\x00" * 16)
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    (tmp_path / "ckpt" / "half2.ckpt").write_bytes(b"\x00" * 16)
+    for key in ("half", "half2"):
+        with pytest.raises(NotFound):
+            await store.get(key)

@@ -465,10 +465,11 @@ class EngineRuntime:
                     await self._start(d, now)
                     continue
                 timeout = None if math.isinf(d.until) else max(0.0, d.until - now)
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
+            # a timer handle, not wait_for: no task is created per wait on this hot path
+            timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, self._wake.set)
+            await self._wake.wait()
+            if timer is not None:
+                timer.cancel()
 
     async def _start(self, d: Dispatch, now: float) -> None:
         items = []

@@ -16,6 +16,7 @@ import torch
 from libs import bus, names
 from libs.checkpoint import CheckpointStore
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
+from libs.errors import Timeout
 from libs.schemas.base import Msg, encode
 from libs.schemas.common import EngineEntry, InputItem, ProfileRow
 from libs.schemas.engine import (
@@ -127,7 +128,11 @@ class EngineHostService(Service):
             with tracer().start_as_current_span(f"engine.{verb}") as span:
                 span.set_attribute("host_id", self.host_id)
                 span.set_attribute("session_id", getattr(req, "session_id", ""))
-                return await asyncio.wait_for(handler(req), self.config.verb_timeout_s)
+                try:
+                    return await asyncio.wait_for(handler(req), self.config.verb_timeout_s)
+                except TimeoutError:
+                    raise Timeout(f"{verb} did not finish within {self.config.verb_timeout_s}s", verb=verb,
+                                  session_id=getattr(req, "session_id", "")) from None
 
         return run
 

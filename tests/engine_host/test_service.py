@@ -7,10 +7,11 @@ import json
 
 import pytest
 import torch
+from nats.js.errors import KeyNotFoundError
 
 from libs import bus, names
 from libs.checkpoint import trees_equal
-from libs.errors import BadRequest, Conflict, NotFound, SchemaError
+from libs.errors import BadRequest, Conflict, NotFound, SchemaError, Timeout, Unavailable
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry, InputItem
 from libs.schemas.engine import (
@@ -148,3 +149,34 @@ async def test_statefleet_engines_shows_session_metrics(host, nc, nats_server, c
     assert "blocks 3" in line and "rtf p95" in line
     assert await print_engines(nats_server.url, as_json=True) == 0
     assert json.loads(capsys.readouterr().out)[0]["sessions"][0]["session_id"] == "w"
+
+
+async def test_host_rides_out_a_nats_restart(nats_server, tmp_path, nc):
+    svc = await start_host(nats_server.url, "h9", tmp_path)
+    try:
+        await bus.request(nc, subject("open", "h9"), OpenSession(session_id="r", backend="world", seed=2),
+                          SessionInfo)
+        nats_server.restart()
+        client = await bus.connect(nats_server.url, name="after-restart")
+        try:
+            for _ in range(100):  # the host reconnects by itself and its subscriptions come back
+                try:
+                    info = await bus.request(client, subject("advance", "h9"), Advance(session_id="r", blocks=2),
+                                             SessionInfo, timeout_s=1)
+                    break
+                except (Unavailable, Timeout):
+                    await asyncio.sleep(0.1)
+            assert info.blocks_done == 2
+            kv = await client.jetstream().key_value(names.ENGINES_BUCKET)
+            for _ in range(50):  # and heartbeats resume
+                try:
+                    if decode((await kv.get("h9")).value, EngineEntry).sessions == 1:
+                        break
+                except KeyNotFoundError:
+                    pass
+                await asyncio.sleep(0.1)
+            assert decode((await kv.get("h9")).value, EngineEntry).sessions == 1
+        finally:
+            await client.close()
+    finally:
+        await svc.stop()
