@@ -26,8 +26,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from libs.errors import Busy, Conflict, Internal, NotFound
 from libs.schemas.engine import PipelineCounters
+
+log = structlog.get_logger("statefleet.engine_host.pipeline")
+
+
+def _actor_exited(task: asyncio.Task) -> None:
+    """Actors end only when stopped; any other exit is a bug that would stall the pipeline: say so loudly."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("stage_actor_died", actor=task.get_name(), error=repr(task.exception()))
 
 
 @dataclass
@@ -215,6 +225,8 @@ class Pipeline:
     def start(self) -> None:
         self._tasks = [asyncio.create_task(a.run(), name=f"stage:{a.stage.name}") for a in self.actors]
         self._tasks.append(asyncio.create_task(self._sink_loop(), name="stage:sink"))
+        for t in self._tasks:
+            t.add_done_callback(_actor_exited)
 
     # ------------------------------------------------------------ sessions
 

@@ -144,9 +144,12 @@ class EngineRuntime:
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        for sid in list(self.sessions):
-            await self.close(sid, drain=True)
         await asyncio.gather(*self._background, return_exceptions=True)
+        for sid in list(self.sessions):
+            try:
+                await self.close(sid, drain=True)
+            except Exception as e:  # counted by the pipeline; the other sessions still close
+                log.error("session_close_failed", session_id=sid, error=repr(e))
         await self.pipeline.shutdown()
 
     # ------------------------------------------------------------ backends and costs
@@ -182,7 +185,7 @@ class EngineRuntime:
 
     def _get(self, sid: str) -> Session:
         s = self.sessions.get(sid)
-        if s is None:
+        if s is None or s.status == "failed":  # a failed session is being released; it is gone
             why = f" (failed: {self.failed[sid]})" if sid in self.failed else ""
             raise NotFound(f"session {sid} is not on host {self.host_id}{why}", session_id=sid,
                            host_id=self.host_id)

@@ -159,3 +159,29 @@ def test_invariants_under_random_load(n_c1, n_bulk, period_ms, overrun_at, overr
         assert all(d.start < dl for dl in d.deadlines)
     if overrun_ms == 0:
         assert all(t.missed == 0 and t.skipped == 0 for t in sched.tasks.values() if t.cls == "C1")
+
+
+def test_edf_orders_by_deadline_and_planner_deadlines_are_soft():
+    sched = EdfScheduler(cost=cost, guard_s=0.0)
+    sched.add(Task(sid="plan", cls="C2a", shape="c2", ladder=(1,), tier=1, period_s=0.03), 0.0)
+    sched.add(Task(sid="c1", cls="C1", shape="c1", ladder=(1,), tier=1, period_s=0.05), 0.0)
+    first = sched.pick(0.0)
+    assert first.sids == ("plan",)  # deadline 0.03 before the C1's 0.05, and the C1 still fits after it
+    sched.done(first, 0.008)
+    d = sched.pick(0.008)
+    assert d.sids == ("c1",)
+    sched.done(d, 0.018)
+    d = sched.pick(0.03)
+    sched.done(d, 0.075)  # a planner block overran past its deadline (0.06)
+    d = sched.pick(0.075)
+    assert d.sids == ("plan",) and d.deadlines == (0.09,)  # EDF: 0.09 before the C1's 0.10
+    sched.done(d, 0.083)
+    d = sched.pick(0.083)
+    assert d.sids == ("c1",)
+    sched.done(d, 0.093)
+    # a planner release that can no longer make its deadline still runs (soft); a C1 one would be skipped
+    d = sched.pick(0.115)
+    assert d.sids == ("plan",) and d.deadlines == (0.12,)
+    sched.done(d, 0.123)
+    assert sched.tasks["plan"].missed == 2 and sched.tasks["plan"].skipped == 0
+    assert sched.tasks["c1"].missed == 0
