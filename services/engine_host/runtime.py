@@ -113,6 +113,8 @@ class EngineRuntime:
                  max_in_flight: int = 2, guard_s: float = 0.002, max_sessions: int = 64,
                  edge_capacity: int = 2, clock: Callable[[], float] = time.monotonic) -> None:
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # tensors report an indexed device
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.host_id = host_id
         self.publish = publish
         self.checkpoints = checkpoints

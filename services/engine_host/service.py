@@ -46,6 +46,7 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     checkpoint_inline_max_bytes: PositiveInt = 64 << 20
     profile_blocks: PositiveInt = 5
     verb_timeout_s: PositiveFloat = 30.0
+    verb_concurrency: PositiveInt = 16  # requests of one verb (other than input) handled at once
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -106,7 +107,13 @@ class EngineHostService(Service):
             ("status", StatusRequest, self._sync(lambda _: rt.status())),
         ]
         for verb, req_type, handler in verbs:
-            await bus.serve(self.nc, names.engine_subject(self.host_id, verb), req_type, self._traced(verb, handler))
+            subject = names.engine_subject(self.host_id, verb)
+            # A NATS subscription runs its handler one message at a time: `input` relies on that to
+            # apply items in arrival order; the other verbs get a queue group of subscriptions so a
+            # long `advance` of one session never holds up another session's verbs.
+            workers = 1 if verb == "input" else cfg.verb_concurrency
+            for _ in range(workers):
+                await bus.serve(self.nc, subject, req_type, self._traced(verb, handler), queue=f"engine.{verb}")
         self.log.info("engine_host_ready", host_id=self.host_id, device=str(self.device),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 

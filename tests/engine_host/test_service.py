@@ -180,3 +180,15 @@ async def test_host_rides_out_a_nats_restart(nats_server, tmp_path, nc):
             await client.close()
     finally:
         await svc.stop()
+
+
+async def test_a_long_verb_of_one_session_does_not_hold_up_another(host, nc):
+    for sid in ("slow", "fast"):
+        await bus.request(nc, subject("open"), OpenSession(session_id=sid, backend="world", seed=1), SessionInfo)
+    async with host.runtime.block_boundary("slow"):  # "slow" cannot run a block while this is held
+        slow = asyncio.create_task(bus.request(nc, subject("advance"), Advance(session_id="slow"), SessionInfo,
+                                               timeout_s=20))
+        await asyncio.sleep(0.2)
+        info = await bus.request(nc, subject("advance"), Advance(session_id="fast", blocks=2), SessionInfo)
+        assert info.blocks_done == 2 and not slow.done()
+    assert (await slow).blocks_done == 1
