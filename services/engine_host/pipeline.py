@@ -215,6 +215,7 @@ class Pipeline:
         self.out_edge = edges[-1]
         self._tasks: list[asyncio.Task] = []
         self._drained: dict[str, asyncio.Event] = {}
+        self._submitting: set[str] = set()
         self._next_epoch = 0
         self.admitting = True
 
@@ -251,12 +252,24 @@ class Pipeline:
         self._drained[sid].set()
 
     async def submit(self, work: Work) -> None:
-        """Queue one unit; waits while the source edge is full (backpressure)."""
+        """Queue one unit; waits while the source edge is full (backpressure). A session's units are
+        submitted one after another (each awaited): two waiting at once could be let in out of order,
+        so a second concurrent submit for a session is refused."""
         for it in work.items:
             if it.sid not in self.epochs:
                 raise NotFound(f"session {it.sid} is not open in the pipeline", session_id=it.sid)
             if it.sid in self.closing or not self.admitting:
                 raise Conflict(f"session {it.sid} is closing", session_id=it.sid)
+            if it.sid in self._submitting:
+                raise Conflict(f"session {it.sid} already has a submit waiting", session_id=it.sid)
+        sids = {it.sid for it in work.items}
+        self._submitting |= sids
+        try:
+            await self._enter(work)
+        finally:
+            self._submitting -= sids
+
+    async def _enter(self, work: Work) -> None:
         work.key = work.items[0].sid
         for it in work.items:
             it.epoch = self.epochs[it.sid]
@@ -341,11 +354,11 @@ class Pipeline:
         while True:
             work = await self.out_edge.get()
             assert isinstance(work, Work)  # nothing sends controls to the sink
-            live = [it for it in work.items if self.epochs.get(it.sid) == it.epoch]
-            self.counters.stale += len(work.items) - len(live)
-            work.items = live
+            items = work.items
+            work.items = [it for it in items if self.epochs.get(it.sid) == it.epoch]
+            self.counters.stale += len(items) - len(work.items)
             try:
                 await self.sink(work)
             finally:
-                for it in live:
+                for it in items:  # stale ones too: a cancelled close waits for every item to be accounted
                     self._forget(it)
