@@ -161,7 +161,8 @@ async def main_async(quick: bool, device: torch.device) -> dict:
         "resume_ms": resume_ms,
         "suspend_state_bytes": state_bytes,
         "config": {"backend": "world", "world": msgspec.to_builtins(WorldConfig()), "tier": TIER,
-                   "blocks": blocks, "quick": quick, "device": str(device)},
+                   "blocks": blocks, "quick": quick, "device": str(device),
+                   "torch_threads": torch.get_num_threads()},
         "targets": {"overhead_ms_per_quantum": f"< {TARGET_OVERHEAD_MS}",
                     "rtf_p95_by_sessions": "<= 1.0 (real time) while the device has capacity",
                     "batching_speedup": "> 1"},
@@ -171,7 +172,12 @@ async def main_async(quick: bool, device: torch.device) -> dict:
 def main() -> None:
     p = parser("engine", __doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads for bare and served alike (0: torch's default). On a shared "
+                        "2-core machine the default OpenMP team made single bare blocks 20-60x slower.")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     result = asyncio.run(main_async(args.quick, torch.device(args.device)))
     table([
         ("bare_forward_ms", result["bare_forward_ms"], "backend alone, world tier 2"),

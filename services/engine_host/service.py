@@ -47,6 +47,9 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     profile_blocks: PositiveInt = 5
     verb_timeout_s: PositiveFloat = 30.0
     verb_concurrency: PositiveInt = 16  # requests of one verb (other than input) handled at once
+    # torch intra-op threads (0: torch's default). Stages already run on their own threads; on a
+    # small shared CPU an OpenMP team per stage thread oversubscribes the cores.
+    torch_threads: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -79,6 +82,8 @@ class EngineHostService(Service):
 
     async def setup(self) -> None:
         cfg: EngineHostConfig = self.config
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
         ttl = cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
         self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl, replicas=cfg.nats_replicas)
         objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)
