@@ -429,13 +429,13 @@ class EngineRuntime:
             if not SID_RE.match(session_id):
                 raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=session_id)
             s = await self._admit(spec, backend, tree)
-        else:
-            if s.status != "running" or s.shape != self.shape_of(backend):
-                raise Conflict(f"session {session_id} is {s.status} with another shape", session_id=session_id)
-            async with self._boundary(s):
-                s.state = tree
-        s.blocks_done, s.target_blocks = d.blocks_done, d.blocks_done
-        s.input_cursor, s.consumed_seq, s.pending = d.input_cursor, d.consumed_seq, pending
+            _take_progress(s, d, pending)  # no await since _admit: no block can have run yet
+            return
+        if s.status != "running" or s.shape != self.shape_of(backend):
+            raise Conflict(f"session {session_id} is {s.status} or of another shape", session_id=session_id)
+        async with self._boundary(s):
+            s.state = tree
+            _take_progress(s, d, pending)
 
     def _check_tree(self, sid: str, backend: Backend, tree: dict) -> None:
         spec = backend.state_spec()
@@ -591,6 +591,11 @@ class EngineRuntime:
             if not fut.done():
                 fut.set_exception(error)
         s.waiters = []
+
+
+def _take_progress(s: Session, d: SessionDescriptor, pending: list) -> None:
+    s.blocks_done, s.target_blocks = d.blocks_done, d.blocks_done
+    s.input_cursor, s.consumed_seq, s.pending = d.input_cursor, d.consumed_seq, pending
 
 
 def _fields(msg: Any) -> dict:
