@@ -17,7 +17,8 @@ from libs.telemetry import counter, histogram
 
 WINDOW = 512  # samples kept per series
 IDLE_KEPT = 64
-IDLE_MIN_S = 0.0005  # shorter gaps are scheduling noise, not idleness
+IDLE_MIN_S = 0.0005  # shorter scheduling gaps are noise, not idleness
+SCHEDULING_REASONS = frozenset({"waiting_release", "no_budget", "device_busy"})  # suspends and holds always count
 
 _first_output = histogram("sf_engine_first_output_ms", "Session open to first output published")
 _control_to_output = histogram("sf_engine_control_to_output_ms", "Input accepted to the output that consumed it")
@@ -68,7 +69,7 @@ class SessionStats:
             _stage_ms.record(ms, {**attrs, "stage": stage})
 
     def idle_interval(self, start: float, end: float, reason: str) -> None:
-        if end - start < IDLE_MIN_S:
+        if end - start < IDLE_MIN_S and reason in SCHEDULING_REASONS:
             return
         self.idle.append(IdleInterval(start_s=start, duration_ms=(end - start) * 1000, reason=reason))
         _idle_ms.record((end - start) * 1000, {"backend": self.backend, "reason": reason})

@@ -29,7 +29,7 @@ import torch
 from libs import names
 from libs.checkpoint import CheckpointStore, clone_tree, tree_bytes
 from libs.checkpoint.tree import split
-from libs.errors import BadRequest, Busy, ConfigError, Conflict, NotFound
+from libs.errors import BadRequest, Busy, ConfigError, Conflict, NotFound, StatefleetError
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem, ProfileRow
 from libs.schemas.engine import (
@@ -140,6 +140,7 @@ class EngineRuntime:
     async def start(self) -> None:
         self.pipeline.start()
         self._loop_task = asyncio.create_task(self._dispatch_loop(), name="engine:dispatch")
+        self._loop_task.add_done_callback(_dispatcher_exited)
 
     async def stop(self) -> None:
         """Stop dispatching, close every session (in-flight blocks finish), stop the stages."""
@@ -490,7 +491,14 @@ class EngineRuntime:
                            accepted_at=[t for _, _, t in taken])
             items.append(Item(sid=sid, seq=s.pipe_seq, epoch=0, data=job))
         self._in_flight += 1
-        await self.pipeline.submit(Work(items=items, meta=d))
+        try:
+            await self.pipeline.submit(Work(items=items, meta=d))
+        except StatefleetError as e:  # closed between pick and submit: the quantum never started
+            log.info("dispatch_dropped", sessions=d.sids, reason=e.detail)
+            for it in items:
+                self._finish_block(it.data.session, now)
+            self.sched.done(d, now)
+            self._in_flight -= 1
 
     def _note_wait(self, s: Session, now: float, deadline: float) -> None:
         """Split the gap since the session's last block into waiting-for-work and waiting-for-device."""
@@ -591,6 +599,12 @@ class EngineRuntime:
             if not fut.done():
                 fut.set_exception(error)
         s.waiters = []
+
+
+def _dispatcher_exited(task: asyncio.Task) -> None:
+    """The dispatcher ends only when stopped; anything else would silently stop every session."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("dispatcher_died", error=repr(task.exception()))
 
 
 def _take_progress(s: Session, d: SessionDescriptor, pending: list) -> None:

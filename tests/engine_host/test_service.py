@@ -79,10 +79,10 @@ async def test_session_verbs_and_output_chunks_over_nats(host, nc):
     with pytest.raises(BadRequest):
         await bus.request(nc, subject("input"), InputItem(session_id="av", seq=2, kind="action", data=b"{}"), InputAck)
     with pytest.raises(NotFound):
-        await bus.request(nc, subject("advance"), Advance(session_id="ghost"), SessionInfo)
+        await bus.request(nc, subject("advance"), Advance(session_id="ghost"), SessionInfo, timeout_s=30)
     resp = await nc.request(subject("advance"), b"\xc1 not msgpack", timeout=5)
     assert resp.headers[bus.ERROR_HEADER] == SchemaError.code
-    info = await bus.request(nc, subject("advance"), Advance(session_id="av", blocks=2), SessionInfo)
+    info = await bus.request(nc, subject("advance"), Advance(session_id="av", blocks=2), SessionInfo, timeout_s=30)
     assert info.blocks_done == 2 and info.consumed_seq == 1
     await nc.flush()
     await asyncio.sleep(0.1)
@@ -115,10 +115,11 @@ async def _append(out: list, c: OutputChunk) -> None:
 @pytest.mark.parametrize("backend,blocks", [("avatar", 2), ("world", 2)])  # avatar: object store, world: file
 async def test_checkpoint_restores_bit_exactly_on_another_host(host, nc, nats_server, tmp_path, backend, blocks):
     await bus.request(nc, subject("open"), OpenSession(session_id="f", backend=backend, seed=8), SessionInfo)
-    await bus.request(nc, subject("advance"), Advance(session_id="f", blocks=blocks), SessionInfo)
+    await bus.request(nc, subject("advance"), Advance(session_id="f", blocks=blocks), SessionInfo,
+                      timeout_s=30)
     ref = await bus.request(nc, subject("checkpoint"), SessionRef(session_id="f"), CheckpointRef)
     assert ref.location == ("object" if backend == "avatar" else "file") and ref.blocks_done == blocks
-    await bus.request(nc, subject("advance"), Advance(session_id="f", blocks=1), SessionInfo)
+    await bus.request(nc, subject("advance"), Advance(session_id="f", blocks=1), SessionInfo, timeout_s=30)
     ref2 = await bus.request(nc, subject("checkpoint"), SessionRef(session_id="f"), CheckpointRef)
     with pytest.raises(NotFound):  # the older checkpoint was replaced
         await host.runtime.checkpoints.manifest(ref.key)
@@ -129,7 +130,7 @@ async def test_checkpoint_restores_bit_exactly_on_another_host(host, nc, nats_se
         assert info.blocks_done == blocks + 1
         assert trees_equal(other.runtime.state_tree("f"), host.runtime.state_tree("f"))
         for h in ("h1", "h2"):
-            await bus.request(nc, subject("advance", h), Advance(session_id="f", blocks=2), SessionInfo)
+            await bus.request(nc, subject("advance", h), Advance(session_id="f", blocks=2), SessionInfo, timeout_s=30)
         assert trees_equal(other.runtime.state_tree("f"), host.runtime.state_tree("f"))
         with pytest.raises(NotFound):
             await bus.request(nc, subject("restore", "h2"), RestoreSession(session_id="g", key="nope"), SessionInfo)
@@ -141,7 +142,7 @@ async def test_statefleet_engines_shows_session_metrics(host, nc, nats_server, c
     from services.engine_host.status_view import print_engines
 
     await bus.request(nc, subject("open"), OpenSession(session_id="w", backend="world", seed=1), SessionInfo)
-    await bus.request(nc, subject("advance"), Advance(session_id="w", blocks=3), SessionInfo)
+    await bus.request(nc, subject("advance"), Advance(session_id="w", blocks=3), SessionInfo, timeout_s=30)
     assert await print_engines(nats_server.url) == 0
     out = capsys.readouterr().out
     assert "h1 cpu" in out and "slot_leaks=0" in out
@@ -189,6 +190,6 @@ async def test_a_long_verb_of_one_session_does_not_hold_up_another(host, nc):
         slow = asyncio.create_task(bus.request(nc, subject("advance"), Advance(session_id="slow"), SessionInfo,
                                                timeout_s=20))
         await asyncio.sleep(0.2)
-        info = await bus.request(nc, subject("advance"), Advance(session_id="fast", blocks=2), SessionInfo)
+        info = await bus.request(nc, subject("advance"), Advance(session_id="fast", blocks=2), SessionInfo, timeout_s=30)
         assert info.blocks_done == 2 and not slow.done()
     assert (await slow).blocks_done == 1
