@@ -31,3 +31,12 @@ def engine_subject(host_id: str, verb: str) -> str:
 ADMISSION_BUCKET = "sf_admission"
 # Request/reply: PlaceRequest → Placement, or Rejected(reason="no_fit") (owner: placement).
 PLACEMENT_PLACE = "sf.placement.place"
+
+
+# Engine output for the frontend: `OutputChunk`s of one session (owner: engine_host).
+def output_subject(session_id: str) -> str:
+    return f"sf.output.{session_id}"
+
+
+# Object Store bucket for small session checkpoints (owner: engine_host; large ones go to a filesystem path).
+CHECKPOINTS_BUCKET = "sf_checkpoints"

@@ -1,4 +1,4 @@
-"""`statefleet` command line: up, serve, status."""
+"""`statefleet` command line: up, serve, status, engines."""
 
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ def _status(args: argparse.Namespace) -> int:
     return asyncio.run(print_status(args.nats_url, as_json=args.json))
 
 
+def _engines(args: argparse.Namespace) -> int:
+    from services.engine_host.status_view import print_engines
+
+    return asyncio.run(print_engines(args.nats_url, host=args.host, as_json=args.json))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="statefleet", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -57,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--nats-url", default="", help="default: $SF_NATS_URL, ./var/nats.url, then :4222")
     status.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     status.set_defaults(func=_status)
+
+    engines = sub.add_parser("engines", help="engine hosts' sessions and serving metrics (rtf, periods, latency)")
+    engines.add_argument("--nats-url", default="", help="default: $SF_NATS_URL, ./var/nats.url, then :4222")
+    engines.add_argument("--host", default="", help="only this engine host")
+    engines.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    engines.set_defaults(func=_engines)
     return p
 
 

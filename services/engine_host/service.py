@@ -1,23 +1,55 @@
-"""The engine host process: one per device, announces itself and heartbeats capacity."""
+"""The engine host process: one per device. Measures its profile, announces and heartbeats itself
+into `sf_engines`, and serves session verbs on `sf.engine.<host_id>.<verb>`."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
+import msgspec
 import torch
 
 from libs import bus, names
-from libs.config import BaseConfig
-from libs.schemas.base import encode
-from libs.schemas.common import EngineEntry
+from libs.checkpoint import CheckpointStore
+from libs.config import BaseConfig, PositiveFloat, PositiveInt
+from libs.errors import Timeout
+from libs.schemas.base import Msg, encode
+from libs.schemas.common import EngineEntry, InputItem, ProfileRow
+from libs.schemas.engine import (
+    Advance,
+    InputAck,
+    OpenSession,
+    RestoreSession,
+    SessionRef,
+    StatusRequest,
+)
 from libs.service import VERSION, Service
+from libs.telemetry import tracer
+from services.engine_host import profile
+from services.engine_host.backends import WorldConfig
+from services.engine_host.runtime import EngineRuntime
 
 
 class EngineHostConfig(BaseConfig, kw_only=True):
     host_id: str = ""
     device: str = "cpu"
+    max_sessions: PositiveInt = 64
+    max_batch: PositiveInt = 8
+    guard_ms: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+    # the world model's state per session (0: the small default); sets its window at d_model 256, 4 layers
+    world_state_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    checkpoint_dir: str = ""  # shared filesystem path for checkpoints over checkpoint_inline_max_bytes
+    checkpoint_inline_max_bytes: PositiveInt = 64 << 20
+    profile_blocks: PositiveInt = 5
+    verb_timeout_s: PositiveFloat = 30.0
+    verb_concurrency: PositiveInt = 16  # requests of one verb (other than input) handled at once
+    # torch intra-op threads (0: torch's default). Stages already run on their own threads; on a
+    # small shared CPU an OpenMP team per stage thread oversubscribes the cores.
+    torch_threads: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -38,6 +70,7 @@ class EngineHostService(Service):
         super().__init__(config)
         self.host_id = config.host_id or self.instance
         self.device = torch.device(config.device)
+        self.profile: list[ProfileRow] = []
 
     @property
     def ping_subject(self) -> str:
@@ -48,17 +81,90 @@ class EngineHostService(Service):
         return ""
 
     async def setup(self) -> None:
-        ttl = self.config.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
-        self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl,
-                                              replicas=self.config.nats_replicas)
+        cfg: EngineHostConfig = self.config
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        ttl = cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
+        self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl, replicas=cfg.nats_replicas)
+        objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)
+        store = CheckpointStore(objects, cfg.checkpoint_dir or None, inline_max_bytes=cfg.checkpoint_inline_max_bytes)
+        configs = {}
+        if cfg.world_state_bytes:
+            configs["world"] = msgspec.msgpack.encode(WorldConfig.for_state_bytes(cfg.world_state_bytes))
+        self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
+                                     backend_configs=configs, max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
+                                     max_sessions=cfg.max_sessions)
+        self.profile = await asyncio.to_thread(self._measure_profile)
+        self.runtime.seed_costs(self.profile)
+        await self.runtime.start()
+        rt = self.runtime
+        verbs: list[tuple[str, Any, Callable[[Any], Awaitable[Msg]]]] = [
+            ("open", OpenSession, rt.open),
+            ("close", SessionRef, lambda r: rt.close(r.session_id, drain=r.drain)),
+            ("input", InputItem, self._input),
+            ("advance", Advance, lambda r: rt.advance(r.session_id, r.blocks)),
+            ("suspend", SessionRef, lambda r: rt.suspend(r.session_id)),
+            ("resume", SessionRef, lambda r: rt.resume(r.session_id)),
+            ("checkpoint", SessionRef, lambda r: rt.checkpoint(r.session_id)),
+            ("restore", RestoreSession, lambda r: rt.restore(r.session_id, r.key)),
+            ("info", SessionRef, self._sync(lambda r: rt.info(r.session_id))),
+            ("metrics", SessionRef, self._sync(lambda r: rt.metrics(r.session_id))),
+            ("status", StatusRequest, self._sync(lambda _: rt.status())),
+        ]
+        for verb, req_type, handler in verbs:
+            subject = names.engine_subject(self.host_id, verb)
+            # A NATS subscription runs its handler one message at a time: `input` relies on that to
+            # apply items in arrival order; the other verbs get a queue group of subscriptions so a
+            # long `advance` of one session never holds up another session's verbs.
+            workers = 1 if verb == "input" else cfg.verb_concurrency
+            for _ in range(workers):
+                await bus.serve(self.nc, subject, req_type, self._traced(verb, handler), queue=f"engine.{verb}")
+        self.log.info("engine_host_ready", host_id=self.host_id, device=str(self.device),
+                      profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
+
+    def _measure_profile(self) -> list[ProfileRow]:
+        rows = []
+        for name in ("world", "avatar"):
+            rows += profile.measure(self.runtime.backend(name), blocks=self.config.profile_blocks)
+        return rows
+
+    @staticmethod
+    def _sync(fn: Callable[[Any], Msg]) -> Callable[[Any], Awaitable[Msg]]:
+        async def handler(req: Any) -> Msg:
+            return fn(req)
+
+        return handler
+
+    def _traced(self, verb: str, handler: Callable[[Any], Awaitable[Msg]]) -> Callable[[Any], Awaitable[Msg]]:
+        async def run(req: Any) -> Msg:
+            with tracer().start_as_current_span(f"engine.{verb}") as span:
+                span.set_attribute("host_id", self.host_id)
+                span.set_attribute("session_id", getattr(req, "session_id", ""))
+                try:
+                    return await asyncio.wait_for(handler(req), self.config.verb_timeout_s)
+                except TimeoutError:
+                    raise Timeout(f"{verb} did not finish within {self.config.verb_timeout_s}s", verb=verb,
+                                  session_id=getattr(req, "session_id", "")) from None
+
+        return run
+
+    async def _input(self, item: InputItem) -> InputAck:
+        return InputAck(session_id=item.session_id, cursor=await self.runtime.apply_input(item))
+
+    async def _publish(self, subject: str, payload: bytes) -> None:
+        await self.nc.publish(subject, payload)
 
     async def heartbeat(self) -> None:
         total, free = device_memory(self.device)
+        rt = self.runtime
         entry = EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=total,
-                            free_memory_bytes=free, version=VERSION, heartbeat_at=time.time())
+                            free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
+                            sessions=len(rt.sessions), profile=self.profile, busy_fraction=rt.busy_fraction(),
+                            state_bytes_resident=rt.state_bytes_resident())
         await self.engines_kv.put(self.host_id, encode(entry))
 
     async def teardown(self) -> None:
+        await self.runtime.stop()
         try:
             await self.engines_kv.delete(self.host_id)
         except Exception as e:

@@ -1,0 +1,160 @@
+"""Messages of the engine host: session verbs on `sf.engine.<host_id>.<verb>`, output chunks, metrics."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from libs.schemas.base import Msg
+from libs.schemas.common import InputItem
+
+SessionClass = Literal["C1", "C2a", "C2b", "C3", "C4", "C5"]
+Determinism = Literal["T0", "T1", "T2"]
+SessionState = Literal["running", "suspended", "closing", "closed", "failed"]
+
+
+class OpenSession(Msg):
+    """`open`: create a session from a seed and prompt. Periodic classes (C1, C2a, C2b) run one
+    block per `period_ms` on their own; the others run the blocks asked for by `advance`."""
+
+    session_id: str
+    backend: str
+    seed: int
+    prompt: str = ""
+    tier: int = 0  # requested quality tier (denoise steps); 0 = the backend's best
+    quality_floor: int = 0  # the ladder never steps below this many denoise steps; 0 = the lowest tier
+    session_class: SessionClass = "C3"
+    period_ms: float = 0.0  # release period of C1/C2 sessions (their deadline is the next release)
+    determinism: Determinism = "T0"  # T0 sessions are never coalesced into a batch (bitwise replay)
+
+
+class SessionRef(Msg):
+    """`close`, `suspend`, `resume`, `checkpoint`, `metrics`: a verb on one held session."""
+
+    session_id: str
+    drain: bool = True  # close: finish in-flight blocks (True) or cancel them (False)
+
+
+class Advance(Msg):
+    """`advance`: run `blocks` more blocks of a non-periodic session; replies when they are done."""
+
+    session_id: str
+    blocks: int = 1
+
+
+class RestoreSession(Msg):
+    """`restore`: create the session from checkpoint `key` (failover), then take input from its cursor."""
+
+    session_id: str
+    key: str
+
+
+class InputAck(Msg):
+    session_id: str
+    cursor: int  # the last input seq the session accepted
+
+
+class SessionInfo(Msg):
+    session_id: str
+    backend: str
+    state: SessionState
+    session_class: SessionClass
+    tier: int
+    blocks_done: int
+    input_cursor: int  # last input seq accepted
+    consumed_seq: int  # last input seq folded into the state by a block
+    state_bytes: int
+    skipped_blocks: int = 0
+
+
+class CheckpointRef(Msg):
+    session_id: str
+    key: str
+    location: str  # "object" (NATS Object Store) or "file"
+    total_bytes: int
+    blocks_done: int
+    consumed_seq: int
+
+
+class StageTiming(Msg):
+    stage: str
+    count: int
+    mean_ms: float
+    p95_ms: float
+
+
+class IdleInterval(Msg):
+    start_s: float  # host monotonic clock
+    duration_ms: float
+    reason: str  # waiting_release | device_busy | suspended | block_boundary | no_budget
+
+
+class SessionMetrics(Msg):
+    session_id: str
+    blocks: int
+    skipped_blocks: int
+    tier: int
+    tier_changes: int
+    first_output_ms: float  # open (or resume of a moved session) → first output published
+    control_to_output_p50_ms: float
+    control_to_output_p95_ms: float
+    chunk_period_p50_ms: float
+    chunk_period_p95_ms: float
+    media_s_per_block: float
+    rtf_p95: float  # p95 chunk period / chunk media duration (< 1: faster than real time)
+    stages: list[StageTiming] = []
+    idle: list[IdleInterval] = []
+
+
+class PipelineCounters(Msg):
+    stale: int = 0
+    orphaned: int = 0
+    duplicate: int = 0
+    cleanup_failures: int = 0
+    slot_leaks: int = 0
+
+
+class StatusRequest(Msg):
+    pass
+
+
+class HostStatus(Msg):
+    host_id: str
+    device: str
+    sessions: list[SessionInfo]
+    metrics: list[SessionMetrics]
+    pipeline: PipelineCounters
+    busy_fraction: float
+    state_bytes_resident: int
+
+
+class OutputChunk(Msg):
+    """One piece of a block's output on `sf.output.<session_id>`; a tensor is cut into parts so
+    every message stays under the NATS payload limit. Reassemble by (block, kind, part/parts)."""
+
+    session_id: str
+    block: int
+    kind: Literal["frames", "audio"]
+    dtype: str
+    shape: list[int]
+    part: int
+    parts: int
+    data: bytes
+
+
+class SessionDescriptor(Msg):
+    """What travels with a moved session's state (opaque to the mover): contract, progress, cursor."""
+
+    session_id: str
+    backend: str
+    seed: int
+    prompt: str
+    tier: int
+    quality_floor: int
+    session_class: SessionClass
+    period_ms: float
+    determinism: Determinism
+    backend_config: bytes  # the backend's own msgpack config (e.g. the world model's cache size)
+    blocks_done: int
+    input_cursor: int
+    consumed_seq: int
+    pending: list[InputItem] = []  # accepted but not yet folded into the state (empty in checkpoints)

@@ -1,0 +1,316 @@
+"""The session runtime: input order, bad input changes nothing, failures stay contained,
+suspend/resume and the mover's host endpoint are bit-exact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from libs.checkpoint import clone_tree, trees_equal
+from libs.errors import BadRequest, Busy, Conflict, NotFound, SchemaError
+from libs.schemas.base import decode
+from libs.schemas.common import InputItem
+from libs.schemas.engine import OpenSession, OutputChunk, SessionDescriptor
+from services.engine_host.output import assemble
+from services.engine_host.runtime import EngineRuntime
+
+
+class Outputs:
+    """Collects what a runtime publishes, per session, as (block, frames, audio)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[OutputChunk] = []
+
+    async def __call__(self, subject: str, payload: bytes) -> None:
+        chunk = decode(payload, OutputChunk)
+        assert subject == f"sf.output.{chunk.session_id}" and len(payload) < 1 << 20
+        self.chunks.append(chunk)
+
+    def frames(self, sid: str) -> list[torch.Tensor]:
+        blocks = sorted({c.block for c in self.chunks if c.session_id == sid})
+        return [assemble([c for c in self.chunks if c.session_id == sid and c.block == b and c.kind == "frames"])
+                for b in blocks]
+
+
+@pytest.fixture
+async def runtime():
+    out = Outputs()
+    rt = EngineRuntime("cpu", host_id="h1", publish=out)
+    rt.outputs = out
+    await rt.start()
+    yield rt
+    await rt.stop()
+
+
+def action(sid: str, seq: int, keys=("w",)) -> InputItem:
+    return InputItem(session_id=sid, seq=seq, kind="action", data=json.dumps({"keys": list(keys)}).encode())
+
+
+def text(sid: str, seq: int, words: str) -> InputItem:
+    return InputItem(session_id=sid, seq=seq, kind="text", data=json.dumps(words).encode())
+
+
+async def test_inputs_apply_in_order_and_bad_ones_change_nothing(runtime):
+    await runtime.open(OpenSession(session_id="w1", backend="world", seed=1))
+    assert await runtime.apply_input(action("w1", 1)) == 1
+    before = runtime.info("w1")
+    state = clone_tree(runtime.state_tree("w1"))
+    for bad, err in [(action("w1", 1), Conflict), (action("w1", 3), Conflict), (text("w1", 2, "hi"), BadRequest),
+                     (action("nope", 1), NotFound),
+                     (InputItem(session_id="w1", seq=2, kind="action", data=b'{"keys": ["?"]}'), BadRequest)]:
+        with pytest.raises(err):
+            await runtime.apply_input(bad)
+    assert runtime.info("w1") == before and trees_equal(state, runtime.state_tree("w1"))
+    await runtime.apply_input(action("w1", 2))
+    await runtime.advance("w1", 2)
+    info = runtime.info("w1")
+    assert info.consumed_seq == 2 and info.blocks_done == 2
+    m = runtime.metrics("w1")
+    assert m.blocks == 2 and m.control_to_output_p50_ms > 0 and {s.stage for s in m.stages} == {
+        "encode", "denoise", "decode"}
+
+
+async def test_open_rejects_bad_requests(runtime):
+    good = dict(session_id="s", backend="world", seed=1)
+    for bad in [dict(good, session_id="a.b"), dict(good, backend="llm"), dict(good, tier=3),
+                dict(good, session_class="C1"), dict(good, period_ms=40.0),
+                dict(good, tier=1, quality_floor=2)]:
+        with pytest.raises(BadRequest):
+            await runtime.open(OpenSession(**bad))
+    await runtime.open(OpenSession(**good))
+    with pytest.raises(Conflict):
+        await runtime.open(OpenSession(**good))
+    with pytest.raises(BadRequest):
+        await runtime.advance("s", 0)
+    await runtime.open(OpenSession(session_id="p", backend="avatar", seed=1, session_class="C1", period_ms=400))
+    with pytest.raises(Conflict):
+        await runtime.advance("p", 1)
+    for verb in (runtime.suspend, runtime.resume, runtime.close):
+        with pytest.raises(NotFound):
+            await verb("ghost")
+    with pytest.raises(Conflict):
+        await runtime.resume("s")  # not suspended
+
+
+async def test_same_seed_and_inputs_give_identical_outputs_across_runtimes(runtime):
+    other = EngineRuntime("cpu", publish=Outputs())
+    await other.start()
+    try:
+        for rt in (runtime, other):
+            await rt.open(OpenSession(session_id="av", backend="avatar", seed=4, prompt="calm"))
+            await rt.apply_input(text("av", 1, "good morning"))
+            await rt.advance("av", 2)
+            await rt.apply_input(text("av", 2, "and goodbye"))
+            await rt.advance("av", 1)
+        a, b = runtime.outputs.frames("av"), other.publish.frames("av")
+        assert len(a) == 3 and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        assert trees_equal(runtime.state_tree("av"), other.state_tree("av"))
+    finally:
+        await other.stop()
+
+
+async def test_suspend_resume_is_bit_exact(runtime):
+    for sid in ("a", "b"):
+        await runtime.open(OpenSession(session_id=sid, backend="world", seed=9))
+        await runtime.advance(sid, 2)
+    await runtime.suspend("a")
+    assert runtime.info("a").state == "suspended"
+    assert runtime.state_bytes_resident() == runtime.info("b").state_bytes
+    await runtime.apply_input(action("a", 1))  # input is accepted while suspended
+    with pytest.raises(Conflict):
+        await runtime.advance("a", 1)
+    with pytest.raises(Conflict):
+        await runtime.suspend("a")
+    await runtime.resume("a")
+    await runtime.apply_input(action("b", 1))
+    await asyncio.gather(runtime.advance("a", 3), runtime.advance("b", 3))
+    assert trees_equal(runtime.state_tree("a"), runtime.state_tree("b"))
+    assert all(torch.equal(x, y) for x, y in zip(runtime.outputs.frames("a"), runtime.outputs.frames("b"), strict=True))
+    assert any(i.reason == "suspended" for i in runtime.metrics("a").idle)
+
+
+async def test_mover_endpoint_moves_state_bit_exactly(runtime):
+    dest = EngineRuntime("cpu", host_id="h2", publish=Outputs())
+    await dest.start()
+    try:
+        await runtime.open(OpenSession(session_id="m", backend="world", seed=3, prompt="cave"))
+        await runtime.apply_input(action("m", 1))
+        await runtime.advance("m", 2)
+        await runtime.apply_input(action("m", 2, keys=("a",)))  # pending: travels in the descriptor
+        async with runtime.block_boundary("m"):
+            tree = clone_tree(runtime.state_tree("m"))
+            desc = runtime.session_descriptor("m")
+        perturbed = clone_tree(tree)
+        perturbed["kv"].view(-1)[12345] += 1e-3
+        await dest.install_state("m", tree, desc)
+        assert dest.info("m").input_cursor == 2 and dest.info("m").consumed_seq == 1
+        other = EngineRuntime("cpu", host_id="h3", publish=Outputs())
+        await other.start()
+        await other.install_state("m", perturbed, desc)
+        for rt in (runtime, dest, other):
+            await rt.apply_input(action("m", 3, keys=("d", "space")))
+            await rt.advance("m", 3)
+        src_frames, dst_frames = runtime.outputs.frames("m")[2:], dest.publish.frames("m")
+        assert len(dst_frames) == 3 and all(torch.equal(x, y) for x, y in zip(src_frames, dst_frames, strict=True))
+        assert trees_equal(runtime.state_tree("m"), dest.state_tree("m"))
+        assert not trees_equal(runtime.state_tree("m"), other.state_tree("m"))
+        await other.stop()
+        await runtime.drop_session("m")
+        with pytest.raises(NotFound):
+            runtime.state_tree("m")
+        with pytest.raises(NotFound):
+            runtime.block_boundary("m")
+    finally:
+        await dest.stop()
+
+
+async def test_install_state_rejects_mismatched_trees_and_descriptors(runtime):
+    await runtime.open(OpenSession(session_id="x", backend="avatar", seed=1))
+    tree, desc = clone_tree(runtime.state_tree("x")), runtime.session_descriptor("x")
+    dest = EngineRuntime("cpu")
+    bad_shape = dict(tree, prosody=torch.zeros(3, 3))
+    bad_scalar = dict(tree, block="0")
+    missing = {k: v for k, v in tree.items() if k != "phase"}
+    for t, d, err in [(bad_shape, desc, BadRequest), (bad_scalar, desc, BadRequest), (missing, desc, BadRequest),
+                      (tree, b"junk", SchemaError), (tree, desc, BadRequest)]:
+        with pytest.raises(err):
+            await dest.install_state("y" if d == desc and t is tree else "x", t, d)
+    assert dest.sessions == {}
+    # installing over a live session swaps its state at a block boundary
+    await runtime.advance("x", 1)
+    await runtime.install_state("x", tree, desc)
+    assert trees_equal(runtime.state_tree("x"), tree) and runtime.info("x").blocks_done == 0
+    assert isinstance(decode(desc, SessionDescriptor), SessionDescriptor)
+
+
+async def test_block_boundary_holds_off_blocks(runtime):
+    await runtime.open(OpenSession(session_id="c", backend="world", seed=1, session_class="C1", period_ms=20))
+    await asyncio.sleep(0.1)
+    async with runtime.block_boundary("c"):
+        n = runtime.info("c").blocks_done
+        snapshot = clone_tree(runtime.state_tree("c"))
+        await asyncio.sleep(0.1)
+        assert runtime.info("c").blocks_done == n and trees_equal(snapshot, runtime.state_tree("c"))
+    await asyncio.sleep(0.1)
+    assert runtime.info("c").blocks_done > n
+    assert any(i.reason == "block_boundary" for i in runtime.metrics("c").idle)
+    m = runtime.metrics("c")
+    assert m.first_output_ms > 0 and m.chunk_period_p50_ms > 0 and m.rtf_p95 > 0
+
+
+async def test_backend_that_raises_mid_block_fails_only_its_session(runtime, monkeypatch):
+    await runtime.open(OpenSession(session_id="ok", backend="world", seed=1))
+    await runtime.open(OpenSession(session_id="bad", backend="avatar", seed=1))
+    backend = runtime.sessions["bad"].backend
+    real = backend.denoise_batch
+
+    def boom(states, carries, steps):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    monkeypatch.setattr(backend, "denoise_batch", boom)
+    with pytest.raises(Conflict):
+        await runtime.advance("bad", 1)
+    monkeypatch.setattr(backend, "denoise_batch", real)
+    for _ in range(50):
+        if "bad" not in runtime.sessions:
+            break
+        await asyncio.sleep(0.01)
+    with pytest.raises(NotFound, match="failed"):
+        runtime.info("bad")
+    assert all("bad" not in a.slots for a in runtime.pipeline.actors)
+    assert runtime.pipeline.counters.slot_leaks == 0
+    await runtime.advance("ok", 2)
+    assert runtime.info("ok").blocks_done == 2
+    await runtime.open(OpenSession(session_id="bad", backend="avatar", seed=1))  # the id can be reused
+    await runtime.advance("bad", 1)
+
+
+async def test_coalesced_batching_runs_same_shape_sessions_together():
+    rt = EngineRuntime("cpu", publish=Outputs(), max_batch=4, max_in_flight=1)
+    await rt.start()
+    try:
+        for i in range(4):
+            await rt.open(OpenSession(session_id=f"b{i}", backend="world", seed=i, determinism="T1"))
+        await asyncio.gather(*(rt.advance(f"b{i}", 4) for i in range(4)))
+        assert any(n > 1 for (_, _, n) in rt._costs)  # a batched quantum ran and was measured
+        assert all(rt.info(f"b{i}").blocks_done == 4 for i in range(4))
+    finally:
+        await rt.stop()
+
+
+async def test_session_and_input_limits():
+    rt = EngineRuntime("cpu", max_sessions=1)
+    await rt.start()
+    try:
+        await rt.open(OpenSession(session_id="a", backend="world", seed=1))
+        with pytest.raises(Busy):
+            await rt.open(OpenSession(session_id="b", backend="world", seed=1))
+        for seq in range(1, 257):
+            await rt.apply_input(action("a", seq))
+        with pytest.raises(Busy):
+            await rt.apply_input(action("a", 257))
+        assert rt.info("a").input_cursor == 256
+    finally:
+        await rt.stop()
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_random_verb_interleavings_keep_the_runtime_consistent(seed):
+    """Random concurrent inputs, advances, suspends/resumes, boundary holds and close/reopen on three
+    sessions: every verb either works or fails typed, every accepted input is folded into exactly one
+    block, and nothing is left in flight or holding a slot."""
+    import random
+
+    rng = random.Random(seed)
+    rt = EngineRuntime("cpu", publish=Outputs(), max_batch=rng.choice([1, 4]))
+    await rt.start()
+    cursors = {}
+    tasks: list[asyncio.Task] = []
+
+    async def hold(sid: str) -> None:
+        async with rt.block_boundary(sid):
+            await asyncio.sleep(rng.random() * 0.01)
+
+    try:
+        for step in range(60):
+            sid = f"r{rng.randrange(3)}"
+            op = rng.choice(["open", "input", "input", "advance", "advance", "suspend", "resume", "hold", "close"])
+            try:
+                if op == "open":
+                    await rt.open(OpenSession(session_id=sid, backend="world", seed=step, determinism="T1"))
+                    cursors[sid] = 0
+                elif op == "input":
+                    cursors[sid] = await rt.apply_input(action(sid, cursors.get(sid, 0) + 1))
+                elif op == "advance":
+                    tasks.append(asyncio.create_task(rt.advance(sid, rng.randint(1, 3))))
+                elif op == "suspend":
+                    await rt.suspend(sid)
+                elif op == "resume":
+                    await rt.resume(sid)
+                elif op == "hold":
+                    tasks.append(asyncio.create_task(hold(sid)))
+                else:
+                    await rt.close(sid, drain=rng.random() < 0.5)
+            except (NotFound, Conflict):
+                pass
+            await asyncio.sleep(rng.random() * 0.003)
+        for sid in list(rt.sessions):
+            if rt.info(sid).state == "suspended":
+                await rt.resume(sid)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(r is None or isinstance(r, (Conflict, NotFound)) or hasattr(r, "blocks_done") for r in results)
+        for sid in list(rt.sessions):
+            await rt.advance(sid, 1)  # folds whatever is still pending
+            info = rt.info(sid)
+            assert info.consumed_seq == info.input_cursor == cursors[sid]
+            assert rt.sessions[sid].pending == [] and not rt.sessions[sid].busy
+        assert rt._in_flight == 0
+        assert all(v == 0 for v in rt.pipeline.in_flight.values())
+    finally:
+        await rt.stop()
+    c = rt.pipeline.counters
+    assert c.slot_leaks == 0 and c.duplicate == 0 and c.cleanup_failures == 0
+    assert all(not a.slots for a in rt.pipeline.actors)
