@@ -98,7 +98,8 @@ class Supervisor:
             self.children.append(Child(name, env, self.data_dir / "logs" / f"{name}.log"))
         for i in range(self.engines):
             device = f"cuda:{i}" if self.device == "cuda" else self.device
-            env = {**base, "SF_HOST_ID": f"engine-{i}", "SF_INSTANCE_ID": f"engine-{i}", "SF_DEVICE": device}
+            env = {**base, "SF_HOST_ID": f"engine-{i}", "SF_INSTANCE_ID": f"engine-{i}", "SF_DEVICE": device,
+                   "SF_CHECKPOINT_DIR": str(self.data_dir / "checkpoints")}
             self.children.append(Child(f"engine-{i}", env, self.data_dir / "logs" / f"engine-{i}.log"))
         for child in self.children:
             child.start()

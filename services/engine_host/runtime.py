@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import crc32c
+import nats.errors
 import structlog
 import torch
 
@@ -40,6 +41,7 @@ from libs.schemas.engine import (
     SessionInfo,
     SessionMetrics,
 )
+from libs.telemetry import counter
 from services.engine_host.backends import Backend, make_backend
 from services.engine_host.metrics import SessionStats
 from services.engine_host.output import chunks
@@ -47,6 +49,7 @@ from services.engine_host.pipeline import Item, Pipeline, Stage, Work
 from services.engine_host.scheduler import PERIODIC, Dispatch, EdfScheduler, Task
 
 log = structlog.get_logger("statefleet.engine_host.runtime")
+_output_dropped = counter("sf_engine_output_dropped_total", "Output chunks the bus did not take")
 
 SID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # session ids become NATS subject tokens
 MAX_PENDING_INPUTS = 256
@@ -363,9 +366,10 @@ class EngineRuntime:
             s.status, s.last_end = "running", now
         return self.info(sid)
 
-    async def checkpoint(self, sid: str) -> CheckpointRef:
+    async def checkpoint(self, sid: str, *, delete_previous: bool = True) -> CheckpointRef:
         """Snapshot the session at a block boundary into the checkpoint store (for failover);
-        the previous checkpoint of the session is deleted once the new one is committed."""
+        the previous checkpoint of the session is deleted once the new one is committed, unless
+        the caller still has to record the new one elsewhere first (`delete_previous=False`)."""
         if self.checkpoints is None:
             raise ConfigError("this host has no checkpoint store configured", host_id=self.host_id)
         s = self._get(sid)
@@ -375,7 +379,7 @@ class EngineRuntime:
             key = f"{sid}.b{s.blocks_done}"
         m = await self.checkpoints.put(key, snapshot, encode(desc), copy=False)
         previous, s.checkpoint_key = s.checkpoint_key, key
-        if previous and previous != key:
+        if delete_previous and previous and previous != key:
             try:
                 await self.checkpoints.delete(previous)
             except NotFound:
@@ -544,8 +548,7 @@ class EngineRuntime:
                 s.consumed_seq = job.last_seq
                 s.stats.output(now, job.accepted_at, work.stage_ms)
                 if self.publish is not None:
-                    for chunk in chunks(s.sid, s.blocks_done, job.output):
-                        await self.publish(names.output_subject(s.sid), encode(chunk))
+                    await self._publish_output(s, job.output)
                 self._finish_block(s, now)
             if work.items and all(it.error is None for it in work.items):
                 self._learn_cost(work.items[0].data.session.shape, d.tier, len(work.items),
@@ -558,6 +561,16 @@ class EngineRuntime:
                     s.stats.skipped(self.sched.tasks[sid].skipped - n)
             self._in_flight -= 1
             self._wake.set()
+
+    async def _publish_output(self, s: Session, output: Any) -> None:
+        """Output is a stream for a live viewer: a chunk the bus cannot take is dropped and counted,
+        never allowed to stop the session (its state already advanced) or the sink actor."""
+        try:
+            for chunk in chunks(s.sid, s.blocks_done, output):
+                await self.publish(names.output_subject(s.sid), encode(chunk))
+        except nats.errors.Error as e:
+            _output_dropped.add(1, {"reason": type(e).__name__})
+            log.warning("output_dropped", session_id=s.sid, block=s.blocks_done, error=type(e).__name__)
 
     def _finish_block(self, s: Session, now: float) -> None:
         s.busy = False

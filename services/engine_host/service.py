@@ -1,5 +1,6 @@
 """The engine host process: one per device. Measures its profile, announces and heartbeats itself
-into `sf_engines`, and serves session verbs on `sf.engine.<host_id>.<verb>`."""
+into `sf_engines`, serves session verbs on `sf.engine.<host_id>.<verb>`, and takes the sessions
+fence assigns to it (their input arrives only through fence's lease, never through a verb)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from libs import bus, names
 from libs.checkpoint import CheckpointStore
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
 from libs.errors import Timeout
+from libs.fence.client import EngineClient
 from libs.schemas.base import Msg, encode
-from libs.schemas.common import EngineEntry, InputItem, ProfileRow
+from libs.schemas.common import EngineEntry, ProfileRow
 from libs.schemas.engine import (
     Advance,
-    InputAck,
     OpenSession,
     RestoreSession,
     SessionRef,
@@ -31,6 +32,7 @@ from libs.service import VERSION, Service
 from libs.telemetry import tracer
 from services.engine_host import profile
 from services.engine_host.backends import WorldConfig
+from services.engine_host.ownership import Ownership
 from services.engine_host.runtime import EngineRuntime
 
 
@@ -50,6 +52,8 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # torch intra-op threads (0: torch's default). Stages already run on their own threads; on a
     # small shared CPU an OpenMP team per stage thread oversubscribes the cores.
     torch_threads: Annotated[int, msgspec.Meta(ge=0)] = 0
+    checkpoint_every_s: PositiveFloat = 10.0  # fenced sessions are checkpointed this often (for failover)
+    orphan_grace_s: PositiveFloat = 5.0  # a copy assigned away and not moved is closed after this long
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -101,7 +105,6 @@ class EngineHostService(Service):
         verbs: list[tuple[str, Any, Callable[[Any], Awaitable[Msg]]]] = [
             ("open", OpenSession, rt.open),
             ("close", SessionRef, lambda r: rt.close(r.session_id, drain=r.drain)),
-            ("input", InputItem, self._input),
             ("advance", Advance, lambda r: rt.advance(r.session_id, r.blocks)),
             ("suspend", SessionRef, lambda r: rt.suspend(r.session_id)),
             ("resume", SessionRef, lambda r: rt.resume(r.session_id)),
@@ -113,12 +116,15 @@ class EngineHostService(Service):
         ]
         for verb, req_type, handler in verbs:
             subject = names.engine_subject(self.host_id, verb)
-            # A NATS subscription runs its handler one message at a time: `input` relies on that to
-            # apply items in arrival order; the other verbs get a queue group of subscriptions so a
-            # long `advance` of one session never holds up another session's verbs.
-            workers = 1 if verb == "input" else cfg.verb_concurrency
-            for _ in range(workers):
+            # A queue group of subscriptions per verb, so a long `advance` of one session never
+            # holds up another session's verbs.
+            for _ in range(cfg.verb_concurrency):
                 await bus.serve(self.nc, subject, req_type, self._traced(verb, handler), queue=f"engine.{verb}")
+        fence = EngineClient(self.nc, self.js, self.host_id)
+        await fence.start()
+        self.ownership = Ownership(fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
+                                   orphan_grace_s=cfg.orphan_grace_s)
+        self.spawn(self.ownership.run(), "ownership")
         self.log.info("engine_host_ready", host_id=self.host_id, device=str(self.device),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 
@@ -148,9 +154,6 @@ class EngineHostService(Service):
 
         return run
 
-    async def _input(self, item: InputItem) -> InputAck:
-        return InputAck(session_id=item.session_id, cursor=await self.runtime.apply_input(item))
-
     async def _publish(self, subject: str, payload: bytes) -> None:
         await self.nc.publish(subject, payload)
 
@@ -164,6 +167,7 @@ class EngineHostService(Service):
         await self.engines_kv.put(self.host_id, encode(entry))
 
     async def teardown(self) -> None:
+        await self.ownership.stop()
         await self.runtime.stop()
         try:
             await self.engines_kv.delete(self.host_id)

@@ -1,0 +1,172 @@
+"""Fenced sessions on an engine host: take what fence assigns here, claim it, apply only its releases.
+
+For every assignment to this host that the log still shows as the latest:
+  1. install the state: keep it if the host already holds the session (a move installed it),
+     else restore the latest checkpoint from fence's metadata, else start from the seed;
+  2. claim `(host_id, version)` with the input cursor that state reflects: fence re-releases
+     every item after it, so items released to a dead or moved-away owner are not lost;
+  3. apply the lease's items in order until the lease is revoked (a newer assign, or a close).
+A revoked host never takes another item. If the session was closed, it shuts it down in
+order; if it was assigned elsewhere, it stops taking input and leaves the copy to the mover
+(which drops it after the move commits) or, when nothing moves it, closes it after a grace.
+Periodic checkpoints go through the checkpoint store and are recorded at fence, so a
+replacement can restore instead of replaying from the seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import msgspec
+import structlog
+
+from libs import logs
+from libs.contracts import Contract
+from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetError
+from libs.fence.client import EngineClient, Lease
+from libs.schemas.common import InputItem
+from libs.schemas.engine import OpenSession
+from libs.schemas.fence import AssignNotice, SessionMeta
+from services.engine_host.runtime import EngineRuntime
+
+log = structlog.get_logger("statefleet.engine_host.ownership")
+
+BUSY_BACKOFF_S = 0.005
+REPORT_EVERY_S = 0.5
+
+
+def open_spec(meta: SessionMeta) -> OpenSession:
+    """The engine session a registered session starts as, from its contract."""
+    contract = msgspec.msgpack.decode(meta.contract, type=Contract)
+    period_ms = contract.period_ms or 0.0
+    if period_ms == 0.0 and contract.session_class in ("C2a", "C2b") and contract.deadline_ms:
+        period_ms = contract.deadline_ms / contract.blocks_per_window
+    return OpenSession(session_id=meta.session_id, backend=meta.backend, seed=meta.seed, prompt=meta.prompt,
+                       quality_floor=contract.quality_floor, session_class=contract.session_class,
+                       period_ms=period_ms, determinism=contract.determinism)
+
+
+class Ownership:
+    def __init__(self, client: EngineClient, runtime: EngineRuntime, *, checkpoint_every_s: float,
+                 orphan_grace_s: float) -> None:
+        self.client = client
+        self.runtime = runtime
+        self.checkpoint_every_s = checkpoint_every_s
+        self.orphan_grace_s = orphan_grace_s
+        self.serving: dict[str, asyncio.Task] = {}
+
+    async def run(self) -> None:
+        async for notice in self.client.assignments():
+            previous = self.serving.get(notice.session_id)
+            if previous is not None and not previous.done():
+                # A newer assignment to us supersedes the older lease; its task ends by revocation.
+                await asyncio.wait({previous}, timeout=5.0)
+            task = asyncio.create_task(self._serve(notice), name=f"serve:{notice.session_id}")
+            self.serving[notice.session_id] = task
+
+    async def stop(self) -> None:
+        for task in self.serving.values():
+            task.cancel()
+        await asyncio.gather(*self.serving.values(), return_exceptions=True)
+        await self.client.close()
+
+    async def _serve(self, notice: AssignNotice) -> None:
+        sid, version = notice.session_id, notice.version
+        logs.bind(session_id=sid, server_id=self.client.server_id, version=version)
+        try:
+            meta = await self.client.meta(sid)
+            if meta.closed:
+                return
+            cursor = await self._install(meta)
+            lease = await self.client.claim(sid, version, cursor)
+        except StatefleetError as e:
+            log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
+            return
+        checkpoints = asyncio.create_task(self._checkpoint_loop(lease))
+        try:
+            await self._apply(lease)
+        finally:
+            checkpoints.cancel()
+            await asyncio.gather(checkpoints, return_exceptions=True)
+        await self._after_revocation(sid)
+
+    async def _install(self, meta: SessionMeta) -> int:
+        """Make the session live here; return the input cursor its state reflects."""
+        sid = meta.session_id
+        if sid in self.runtime.sessions:
+            return self.runtime.info(sid).input_cursor  # installed by a move (pending items travel along)
+        if meta.checkpoint_ref:
+            try:
+                info = await self.runtime.restore(sid, meta.checkpoint_ref)
+                log.info("restored", session_id=sid, key=meta.checkpoint_ref, cursor=info.input_cursor)
+                return info.input_cursor
+            except (NotFound, IntegrityError) as e:
+                # Deterministic backends replay to the same state: seed + every item from the start.
+                log.warning("checkpoint_unusable", session_id=sid, key=meta.checkpoint_ref, code=e.code)
+        info = await self.runtime.open(open_spec(meta))
+        return info.input_cursor
+
+    async def _apply(self, lease: Lease) -> None:
+        last_report = 0.0
+        async for item in lease:
+            if not await self._accept(item):
+                continue
+            now = time.monotonic()
+            if now - last_report >= REPORT_EVERY_S:
+                last_report = now
+                with contextlib.suppress(StatefleetError):
+                    await lease.report_applied(item.seq)
+
+    async def _accept(self, item: InputItem) -> bool:
+        """Hand one released item to the runtime, waiting while its input queue is full."""
+        while True:
+            try:
+                await self.runtime.apply_input(item)
+                return True
+            except Busy:
+                await asyncio.sleep(BUSY_BACKOFF_S)
+            except Conflict as e:
+                if e.fields.get("reason") == "duplicate":
+                    return False  # already in the installed state (it travelled with a move)
+                raise
+
+    async def _after_revocation(self, sid: str) -> None:
+        try:
+            meta = await self.client.meta(sid)
+        except StatefleetError:
+            meta = None
+        if sid not in self.runtime.sessions:
+            return  # dropped by a committed move already
+        if meta is not None and meta.closed:
+            await self._close(sid, drain=True)
+            return
+        # Assigned elsewhere: a mover drops our copy once its move commits. A failover
+        # (we were presumed dead) moves nothing, so the copy goes after a grace.
+        await asyncio.sleep(self.orphan_grace_s)
+        if sid in self.runtime.sessions and self.client.lease(sid) is None:
+            await self._close(sid, drain=False)
+
+    async def _close(self, sid: str, *, drain: bool) -> None:
+        with contextlib.suppress(NotFound):
+            await self.runtime.close(sid, drain=drain)
+            log.info("session_closed", session_id=sid, drain=drain)
+
+    async def _checkpoint_loop(self, lease: Lease) -> None:
+        sid = lease.session_id
+        while not lease.revoked.is_set():
+            await asyncio.sleep(self.checkpoint_every_s)
+            if lease.revoked.is_set():
+                return
+            try:
+                previous = (await self.client.meta(sid)).checkpoint_ref
+                ref = await self.runtime.checkpoint(sid, delete_previous=False)
+                await self.client.checkpoint(sid, lease.owner.version, ref.key, ref.consumed_seq)
+            except StatefleetError as e:  # the next round tries again; the recorded checkpoint still stands
+                log.warning("checkpoint_failed", session_id=sid, code=e.code, detail=e.detail)
+                continue
+            # Only once fence points at the new checkpoint may the one it pointed at go.
+            if previous and previous != ref.key and self.runtime.checkpoints is not None:
+                with contextlib.suppress(StatefleetError):
+                    await self.runtime.checkpoints.delete(previous)

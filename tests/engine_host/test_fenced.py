@@ -1,0 +1,120 @@
+"""Engine hosts take fenced sessions: claim on assignment, input only from their lease, failover
+from the checkpoint fence recorded, with every accepted item applied exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import msgspec
+import pytest
+
+from libs import bus
+from libs.contracts import Contract
+from libs.fence.ownership import assign, read_owner
+from libs.schemas.fence import MetaRequest, RegisterReply, RegisterRequest, SessionMeta
+from services.engine_host.service import EngineHostConfig, EngineHostService
+from services.fence.service import FenceConfig, FenceService
+
+CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=50.0)
+
+
+async def start_host(url: str, host_id: str, tmp_path, **kw) -> EngineHostService:
+    base = dict(nats_url=url, host_id=host_id, heartbeat_s=0.5, profile_blocks=1,
+                checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_s=0.3, orphan_grace_s=0.5, log_json=False)
+    cfg = EngineHostConfig(**{**base, **kw})
+    svc = EngineHostService(cfg)
+    await svc.start()
+    return svc
+
+
+@pytest.fixture
+async def fence(nats_server):
+    svc = FenceService(FenceConfig(nats_url=nats_server.url, http_port=0, log_json=False))
+    await svc.start()
+    yield svc
+    await svc.stop()
+
+
+async def register(nc, sid: str) -> str:
+    req = RegisterRequest(session_id=sid, backend="avatar", seed=3, prompt="narrator",
+                          contract=msgspec.msgpack.encode(CONTRACT), tier=1)
+    return (await bus.request(nc, "sf.fence.register", req, RegisterReply)).token
+
+
+async def eventually(fn, timeout_s: float = 20.0):
+    for _ in range(int(timeout_s / 0.05)):
+        if result := await fn():
+            return result
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+async def post_items(fence: FenceService, sid: str, token: str, texts: list[str]) -> None:
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{fence.http_port}") as http:
+        for text in texts:
+            async with http.post(f"/v1/sessions/{sid}/items", json={"kind": "text", "data": text},
+                                 headers={"Authorization": f"Bearer {token}"}) as resp:
+                assert resp.status in (200, 202), await resp.text()
+
+
+async def claimed_by(js, sid: str, host_id: str) -> bool:
+    view = (await read_owner(js, sid)).view
+    return view.claim is not None and view.claim == view.owner and view.owner.server_id == host_id
+
+
+async def test_assigned_session_is_claimed_and_takes_only_fenced_input(nats_server, nc, fence, tmp_path):
+    host = await start_host(nats_server.url, "h1", tmp_path)
+    try:
+        token = await register(nc, "s1")
+        await assign(nc, nc.jetstream(), "s1", "h1")
+        await eventually(lambda: claimed_by(nc.jetstream(), "s1", "h1"))
+        await post_items(fence, "s1", token, [f"line {i}" for i in range(1, 6)])
+
+        async def consumed():
+            return "s1" in host.runtime.sessions and host.runtime.info("s1").consumed_seq == 5
+
+        await eventually(consumed)
+        assert host.runtime.info("s1").input_cursor == 5
+    finally:
+        await host.stop()
+
+
+async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats_server, nc, fence, tmp_path):
+    js = nc.jetstream()
+    h1 = await start_host(nats_server.url, "h1", tmp_path)
+    h2 = await start_host(nats_server.url, "h2", tmp_path, checkpoint_every_s=300.0)
+    try:
+        token = await register(nc, "s2")
+        await assign(nc, js, "s2", "h1")
+        await eventually(lambda: claimed_by(js, "s2", "h1"))
+        await post_items(fence, "s2", token, [json.dumps(i) for i in range(1, 6)])
+
+        async def checkpointed():
+            meta = await bus.request(nc, "sf.fence.meta", MetaRequest(session_id="s2"), SessionMeta)
+            return meta if meta.checkpoint_cursor == 5 else None
+
+        meta = await eventually(checkpointed)
+        assert meta.checkpoint_ref
+
+        # h1 "dies": its bus connection goes, its sessions with it (nothing is handed over).
+        await h1.ownership.stop()
+        await h1.nc.close()
+        await post_items(fence, "s2", token, [json.dumps(i) for i in range(6, 9)])  # wait, durably
+        meta = await bus.request(nc, "sf.fence.meta", MetaRequest(session_id="s2"), SessionMeta)
+        await assign(nc, js, "s2", "h2")
+        await eventually(lambda: claimed_by(js, "s2", "h2"))
+
+        async def caught_up():
+            rt = h2.runtime
+            return "s2" in rt.sessions and rt.info("s2").consumed_seq == 8
+
+        await eventually(caught_up)
+        # the runtime refuses gaps and duplicates, so a cursor of 8 means items 6..8 came exactly once
+        assert h2.runtime.info("s2").input_cursor == 8
+        assert h2.runtime.sessions["s2"].checkpoint_key == meta.checkpoint_ref  # restored, not replayed
+    finally:
+        await h2.stop()
+        h1._stopping.set()
+        await h1.runtime.stop()
