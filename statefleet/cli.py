@@ -37,7 +37,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _engines(args: argparse.Namespace) -> int:
-    from services.engine_host.status_view import print_engines
+    from statefleet.engines import print_engines
 
     return asyncio.run(print_engines(args.nats_url, host=args.host, as_json=args.json))
 

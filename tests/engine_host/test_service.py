@@ -140,7 +140,7 @@ async def test_checkpoint_restores_bit_exactly_on_another_host(host, nc, nats_se
 
 
 async def test_statefleet_engines_shows_session_metrics(host, nc, nats_server, capsys):
-    from services.engine_host.status_view import print_engines
+    from statefleet.engines import print_engines
 
     await bus.request(nc, subject("open"), OpenSession(session_id="w", backend="world", seed=1), SessionInfo)
     await bus.request(nc, subject("advance"), Advance(session_id="w", blocks=3), SessionInfo, timeout_s=30)
