@@ -4,6 +4,8 @@
          {"kind": "text" | "action" | "json", "data": <JSON>}  →  200 {"session_id", "seq"}
     GET  /v1/sessions/{session_id}/ws           (WebSocket, same header) one item per text frame,
          each answered {"seq": n} or {"error": <problem>} in order; a bad frame does not close it.
+    GET  /v1/sessions/{session_id}/output       (WebSocket, same header) the session's output chunks
+         (see egress.py).
 
 An item is acknowledged only after it is stored in the input stream with its seq.
 Errors are `application/problem+json` with the typed error's code; no traceback
@@ -23,6 +25,7 @@ from aiohttp import WSMsgType, web
 from libs import errors
 from libs.fence import log
 from libs.schemas.common import InputItem
+from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.inputs import InputAppender
 from services.fence.sessions import Sessions
@@ -41,9 +44,9 @@ _EXPECTED_START = {"text": ord('"'), "action": ord("{"), "json": ord("{")}
 
 
 class Ingress:
-    def __init__(self, sessions: Sessions, appender: InputAppender, gateway: Gateway, *,
+    def __init__(self, sessions: Sessions, appender: InputAppender, gateway: Gateway, egress: Egress, *,
                  max_item_bytes: int, max_pending_items: int) -> None:
-        self.sessions, self.appender, self.gateway = sessions, appender, gateway
+        self.sessions, self.appender, self.gateway, self.egress = sessions, appender, gateway, egress
         self.max_item_bytes = max_item_bytes
         self.max_pending_items = max_pending_items
 
@@ -52,6 +55,7 @@ class Ingress:
         app = web.Application(client_max_size=self.max_item_bytes + 1024)
         app.router.add_post("/v1/sessions/{session_id}/items", self._post)
         app.router.add_get("/v1/sessions/{session_id}/ws", self._ws)
+        app.router.add_get("/v1/sessions/{session_id}/output", self._output)
         app.router.add_get("/healthz", self._health)
         return app
 
@@ -127,6 +131,12 @@ class Ingress:
             except Exception:
                 await ws.send_json({"error": problem_body(_internal(session_id))})
         return ws
+
+    async def _output(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self.egress.handle(request, _bearer(request))
+        except errors.StatefleetError as e:
+            return problem(e)
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True})

@@ -17,6 +17,7 @@ from libs.config import BaseConfig, PositiveInt
 from libs.fence import log
 from libs.schemas.fence import CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
 from libs.service import Service
+from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
 from services.fence.inputs import InputAppender
@@ -56,7 +57,8 @@ class FenceService(Service):
             await bus.serve(self.nc, f"sf.fence.{verb}", req_type, _traced(verb, handler), queue="fence")
         await self.nc.subscribe(CLOSED_SUBJECT, cb=self._on_closed)
         await self.gateway.start(self.spawn)
-        ingress = Ingress(self.sessions, self.appender, self.gateway, max_item_bytes=cfg.max_item_bytes,
+        ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions),
+                          max_item_bytes=cfg.max_item_bytes,
                           max_pending_items=cfg.max_pending_items)
         self._runner = web.AppRunner(ingress.app(), access_log=None)
         await self._runner.setup()
