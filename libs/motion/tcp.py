@@ -1,0 +1,267 @@
+"""The TCP data plane: a sender `TcpChannel` and the `DataPlane` receiver an engine host runs.
+
+Memory stays bounded whatever the state size: uncompressed chunks are received
+straight into the slot's staged tensors, and at most `depth` chunks are being
+checksummed (or decoded) at once. CRCs run on the worker pool while the next
+chunk is on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import socket
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+import structlog
+import torch
+
+from libs.errors import IntegrityError, StatefleetError, Unauthorized, Unavailable
+from libs.motion import codec as wirecodec
+from libs.motion import crc, wire
+from libs.motion.slot import ShadowSlot
+from libs.motion.transport import Pipeline, copy_and_check
+from libs.schemas.base import decode, encode
+from libs.schemas.motion import Manifest
+
+log = structlog.get_logger("statefleet.motion.tcp")
+MAX_LAYOUT_BYTES = 64 << 20
+SOCK_BUF = 4 << 20
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+async def recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = await loop.sock_recv_into(sock, view[got:])
+        if n == 0:
+            raise IntegrityError(f"connection closed after {got} of {len(view)} bytes")
+        got += n
+
+
+async def recv_bytes(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    await recv_exactly(loop, sock, memoryview(buf))
+    return bytes(buf)
+
+
+# ---------------------------------------------------------------- sender
+
+
+class TcpChannel:
+    def __init__(self, sock: socket.socket, codec: str, byte_planes: bool, itemsizes: list[int]) -> None:
+        self.sock, self.codec, self.byte_planes, self.itemsizes = sock, codec, byte_planes, itemsizes
+        self.loop = asyncio.get_running_loop()
+        self.seq = 0
+        self.in_round = 0
+        self.encoder = Pipeline()
+        self.wire_bytes = 0
+
+    @classmethod
+    async def open(cls, dest_addr: str, token: str, layout: Manifest, chunk_bytes: int, *,
+                   codec: str = "none", byte_planes: bool = False, timeout_s: float = 10.0) -> TcpChannel:
+        host, port = split_addr(dest_addr)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        _tune(sock)
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (host, port)), timeout_s)
+        except (OSError, TimeoutError) as e:
+            sock.close()
+            raise Unavailable(f"cannot reach data plane {dest_addr}: {e}", addr=dest_addr) from None
+        body = encode(layout)
+        hello = wire.MAGIC + bytes.fromhex(token) + wire.HELLO.pack(len(body), chunk_bytes, wire.CODECS[codec],
+                                                                    int(byte_planes), 0) + body
+        ch = cls(sock, codec, byte_planes, [manifest_itemsize(x.dtype) for x in layout.leaves])
+        await ch._send(hello)
+        return ch
+
+    async def _send(self, data) -> None:
+        try:
+            await self.loop.sock_sendall(self.sock, data)
+        except OSError as e:
+            raise Unavailable(f"data plane connection lost: {e}") from None
+
+    async def put(self, leaf: int, offset: int, data: torch.Tensor, chunk_crc: int) -> None:
+        arr = data.numpy() if data.device.type == "cpu" else data.cpu().numpy()
+        if self.codec == "none":
+            payload = memoryview(arr)
+        else:
+            planes = wirecodec.planes_for(self.itemsizes[leaf], self.byte_planes)
+            payload = memoryview(await self.loop.run_in_executor(crc.pool, wirecodec.encode, self.codec, arr, planes))
+        frame = wire.Frame(wire.DATA, wire.CODECS[self.codec], self.seq, leaf, offset, arr.nbytes, len(payload),
+                           chunk_crc)
+        self.seq += 1
+        self.in_round += 1
+        self.wire_bytes += len(payload) + wire.FRAME_BYTES
+        await self._send(wire.pack_frame(frame))
+        await self._send(payload)
+
+    async def end_round(self) -> None:
+        await self._send(wire.pack_frame(wire.Frame(wire.END_ROUND, 0, self.seq, self.in_round, 0, 0, 0, 0)))
+        self.seq += 1
+        self.in_round = 0
+
+    async def finish(self) -> int:
+        await self.end_round()
+        await self._send(wire.pack_frame(wire.Frame(wire.DONE, 0, self.seq, 0, 0, 0, 0, 0)))
+        try:
+            status, digest, reason_len = wire.ACK.unpack(await recv_bytes(self.loop, self.sock, wire.ACK.size))
+            reason = (await recv_bytes(self.loop, self.sock, min(reason_len, 4096))).decode(errors="replace")
+        except (OSError, IntegrityError) as e:
+            raise Unavailable(f"no acknowledgement from the receiver: {e}") from None
+        if status != 0:
+            raise IntegrityError(f"receiver refused the state: {reason}")
+        return digest
+
+    async def close(self) -> None:
+        self.sock.close()
+
+
+def manifest_itemsize(dtype: str) -> int:
+    return getattr(torch, dtype).itemsize
+
+
+# ---------------------------------------------------------------- receiver
+
+
+class DataPlane:
+    """Accepts data connections; each must open with a live one-time token issued by `admit`."""
+
+    def __init__(self, claim: Callable[[str], ShadowSlot], bind: str = "127.0.0.1:0", depth: int = 4) -> None:
+        self.claim, self.bind, self.depth = claim, bind, depth
+        self.sock: socket.socket | None = None
+        self.addr = ""
+        self._accept_task: asyncio.Task | None = None
+        self._conns: set[asyncio.Task] = set()
+
+    async def start(self) -> str:
+        host, port = split_addr(self.bind)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(64)
+        sock.setblocking(False)
+        self.sock = sock
+        bound = sock.getsockname()
+        self.addr = f"[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"{bound[0]}:{bound[1]}"
+        self._accept_task = asyncio.create_task(self._accept_loop(), name="dataplane-accept")
+        return self.addr
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._accept_task, *self._conns) if t]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.sock:
+            self.sock.close()
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self.sock is not None
+        while True:
+            conn, _ = await loop.sock_accept(self.sock)
+            conn.setblocking(False)
+            _tune(conn)
+            task = asyncio.create_task(self._serve(conn))
+            self._conns.add(task)
+            task.add_done_callback(self._conns.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        slot: ShadowSlot | None = None
+        try:
+            head = await recv_bytes(loop, conn, len(wire.MAGIC) + wire.TOKEN_BYTES)
+            if not hmac.compare_digest(head[:len(wire.MAGIC)], wire.MAGIC):
+                raise Unauthorized("not a data-plane hello")
+            slot = self.claim(head[len(wire.MAGIC):].hex())  # raises Unauthorized for a wrong/used token
+            await self._receive(loop, conn, slot)
+        except (StatefleetError, OSError, msgspec.DecodeError) as e:
+            reason = getattr(e, "detail", None) or str(e) or type(e).__name__
+            if slot is not None:
+                slot.fail(reason)
+            log.info("data_connection_refused", reason=reason, move_id=slot.move_id if slot else "")
+            await _ack(loop, conn, 1, 0, reason)
+        finally:
+            conn.close()
+
+    async def _receive(self, loop, conn: socket.socket, slot: ShadowSlot) -> None:
+        layout_len, chunk_bytes, codec_id, planes_flag, _ = wire.HELLO.unpack(
+            await recv_bytes(loop, conn, wire.HELLO.size))
+        if layout_len > MAX_LAYOUT_BYTES:
+            raise IntegrityError(f"layout of {layout_len} bytes is too large")
+        layout = decode(await recv_bytes(loop, conn, layout_len), Manifest)
+        slot.open(layout, chunk_bytes)
+        itemsizes = [manifest_itemsize(x.dtype) for x in layout.leaves]
+        pipe = Pipeline(self.depth)
+        seq, in_round = 0, 0
+        try:
+            while True:
+                f = wire.unpack_frame(await recv_bytes(loop, conn, wire.FRAME_BYTES))
+                if f.seq != seq:
+                    raise IntegrityError(f"frame {f.seq} arrived where {seq} was due (reordered or lost)")
+                seq += 1
+                if f.kind == wire.END_ROUND:
+                    if f.leaf != in_round:
+                        raise IntegrityError(f"round had {in_round} chunks, sender says {f.leaf}")
+                    in_round = 0
+                    continue
+                if f.kind == wire.DONE:
+                    await pipe.drain()
+                    digest = slot.finish()
+                    await _ack(loop, conn, 0, digest, "")
+                    return
+                in_round += 1
+                region = slot.region(f.leaf, f.offset, f.length)
+                if f.codec == 0 and f.wire_len != f.length:
+                    raise IntegrityError("uncompressed chunk with wire length != length")
+                if f.codec == 0 and region.device.type == "cpu":
+                    # Straight into the staged tensor: no buffer between the socket and the slot.
+                    await recv_exactly(loop, conn, memoryview(region.numpy()))
+                    await pipe.submit(_check_staged, slot, f.leaf, f.offset, region, f.crc)
+                else:
+                    if f.wire_len > 2 * f.length + 1024:
+                        raise IntegrityError(f"compressed chunk of {f.wire_len} bytes for {f.length}")
+                    payload = await recv_bytes(loop, conn, f.wire_len)
+                    planes = wirecodec.planes_for(itemsizes[f.leaf], bool(planes_flag))
+                    await pipe.submit(_decode_and_check, slot, f, payload, planes)
+        finally:
+            pipe.cancel()
+
+
+def _check_staged(slot: ShadowSlot, leaf: int, offset: int, region: torch.Tensor, chunk_crc: int) -> None:
+    staged = crc.crc_bytes(region)
+    if staged != chunk_crc:
+        raise IntegrityError(f"chunk at leaf {leaf} offset {offset}: CRC {staged:#x} != {chunk_crc:#x}")
+    slot.record(leaf, offset, staged)
+
+
+def _decode_and_check(slot: ShadowSlot, f: wire.Frame, payload: bytes, planes: int) -> None:
+    """Decode (or, for a device slot, stage through host) and check the chunk in a worker thread."""
+    if f.codec == 0:
+        out = np.frombuffer(payload, dtype=np.uint8)
+    else:
+        out = np.empty(f.length, dtype=np.uint8)
+        wirecodec.decode_into(wire.CODEC_NAMES[f.codec], memoryview(payload), out, planes)
+    copy_and_check(slot, f.leaf, f.offset, torch.from_numpy(out), f.crc)
+
+
+async def _ack(loop, conn: socket.socket, status: int, digest: int, reason: str) -> None:
+    body = reason.encode()[:4096]
+    try:
+        await loop.sock_sendall(conn, wire.ACK.pack(status, digest, len(body)) + body)
+    except OSError:
+        pass  # the sender is gone; its side fails on its own
