@@ -19,9 +19,18 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 
 from libs import admissibility, bus, names
-from libs.errors import Conflict, IntegrityError, NotFound, StatefleetError, Timeout, Unauthorized
+from libs.errors import (
+    Conflict,
+    IntegrityError,
+    NotFound,
+    StatefleetError,
+    Timeout,
+    Unauthorized,
+    Unavailable,
+)
 from libs.motion import manifest
 from libs.motion.host import StateHost
+from libs.motion.mooncake import MooncakeChannel, MooncakeEngine
 from libs.motion.sender import SendOptions, send_state
 from libs.motion.slot import ShadowSlot, SlotState
 from libs.motion.tcp import DataPlane, TcpChannel
@@ -47,9 +56,10 @@ SLOT_GRACE_S = 5.0  # a slot outlives its move's horizon by this much before it 
 
 class MotionEndpoint:
     def __init__(self, nc: NATS, host_id: str, host: StateHost, data_bind: str = "127.0.0.1:0", *,
-                 tier: str = "T0") -> None:
+                 tier: str = "T0", mooncake: MooncakeEngine | None = None) -> None:
         self.nc, self.host_id, self.host, self.tier = nc, host_id, host, tier
-        self.data = DataPlane(self._claim, data_bind)
+        self.mooncake = mooncake
+        self.data = DataPlane(self._claim, data_bind, mooncake=mooncake)
         self.slots: dict[str, ShadowSlot] = {}  # move_id -> incoming slot
         self.tokens: dict[str, ShadowSlot] = {}  # one-time data-plane tokens -> slot
         self.outgoing: dict[str, Manifest] = {}  # move_id -> manifest this host sent
@@ -108,6 +118,11 @@ class MotionEndpoint:
             raise Conflict(f"move {req.move_id} was already sent", move_id=req.move_id)
 
         async def open_channel(layout: Manifest) -> Channel:
+            if req.transport == "mooncake":
+                if self.mooncake is None:
+                    raise Unavailable(f"host {self.host_id} runs no mooncake engine")
+                return await MooncakeChannel.open_mooncake(self.mooncake, req.dest_addr, req.token, layout,
+                                                           req.chunk_bytes)
             if req.dest_addr in local_receivers:
                 return InProcessChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes)
             return await TcpChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes,

@@ -140,8 +140,10 @@ def manifest_itemsize(dtype: str) -> int:
 class DataPlane:
     """Accepts data connections; each must open with a live one-time token issued by `admit`."""
 
-    def __init__(self, claim: Callable[[str], ShadowSlot], bind: str = "127.0.0.1:0", depth: int = 4) -> None:
+    def __init__(self, claim: Callable[[str], ShadowSlot], bind: str = "127.0.0.1:0", depth: int = 4,
+                 mooncake=None) -> None:
         self.claim, self.bind, self.depth = claim, bind, depth
+        self.mooncake = mooncake  # a libs.motion.mooncake.MooncakeEngine, where one runs
         self.sock: socket.socket | None = None
         self.addr = ""
         self._accept_task: asyncio.Task | None = None
@@ -193,7 +195,7 @@ class DataPlane:
             reason = getattr(e, "detail", None) or str(e) or type(e).__name__
             if slot is not None:
                 slot.fail(reason)
-            log.info("data_connection_refused", reason=reason, move_id=slot.move_id if slot else "")
+            log.debug("data_connection_refused", reason=reason, move_id=slot.move_id if slot else "")
             await _ack(loop, conn, 1, 0, reason)
         finally:
             conn.close()
@@ -208,6 +210,11 @@ class DataPlane:
         itemsizes = [manifest_itemsize(x.dtype) for x in layout.leaves]
         pipe = Pipeline(self.depth)
         seq, in_round = 0, 0
+        registered = self._offer_mooncake(slot) if wire.CODEC_NAMES.get(codec_id) == "mooncake" else []
+        if registered:
+            from libs.motion.mooncake import ready_message
+
+            await loop.sock_sendall(conn, ready_message(self.mooncake, registered))
         try:
             while True:
                 f = wire.unpack_frame(await recv_bytes(loop, conn, wire.FRAME_BYTES))
@@ -226,6 +233,11 @@ class DataPlane:
                     return
                 in_round += 1
                 region = slot.region(f.leaf, f.offset, f.length)
+                if wire.CODEC_NAMES[f.codec] == "mooncake":
+                    if not registered or f.wire_len != 0:
+                        raise IntegrityError("out-of-band chunk on a connection that did not offer it")
+                    await pipe.submit(_check_staged, slot, f.leaf, f.offset, region, f.crc)
+                    continue
                 if f.codec == 0 and f.wire_len != f.length:
                     raise IntegrityError("uncompressed chunk with wire length != length")
                 if f.codec == 0 and region.device.type == "cpu":
@@ -240,6 +252,15 @@ class DataPlane:
                     await pipe.submit(_decode_and_check, slot, f, payload, planes)
         finally:
             pipe.cancel()
+            for t in registered:
+                self.mooncake.unregister(t)
+
+    def _offer_mooncake(self, slot: ShadowSlot) -> list[torch.Tensor]:
+        if self.mooncake is None or slot.device.type != "cpu":
+            raise IntegrityError("this receiver offers no mooncake transfer for this slot")
+        for t in slot.flats:
+            self.mooncake.register(t)
+        return list(slot.flats)
 
 
 def _check_staged(slot: ShadowSlot, leaf: int, offset: int, region: torch.Tensor, chunk_crc: int) -> None:

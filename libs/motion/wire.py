@@ -27,7 +27,7 @@ ACK = struct.Struct("<B3xII")
 FRAME_BYTES = FRAME.size + HEADER_CRC.size
 
 DATA, END_ROUND, DONE = 0, 1, 2
-CODECS = {"none": 0, "zstd": 1, "lz4": 2}
+CODECS = {"none": 0, "zstd": 1, "lz4": 2, "mooncake": 3}  # mooncake: bytes moved out of band
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
 
 

@@ -11,6 +11,7 @@ from libs.schemas.base import Msg
 Mode = Literal["stop_and_copy", "precopy"]
 Codec = Literal["none", "zstd", "lz4"]
 Outcome = Literal["committed", "rolled_back", "rejected"]
+Transport = Literal["auto", "mooncake"]  # auto: in-process when the destination is in this process, else TCP
 
 
 class Leaf(Msg):
@@ -83,6 +84,7 @@ class Migrate(Msg):
     converge_fraction: float = 0.05  # stop live rounds once the dirty fraction is at or below this
     codec: Codec = "none"
     byte_planes: bool = False
+    transport: Transport = "auto"
     chunk_bytes: int = 1 << 20
     deadline_s: float = 30.0  # relative; the freeze and the transfer end by then
 
@@ -123,6 +125,7 @@ class MoveRequest(Msg):
     mode: Mode = "stop_and_copy"
     dirty_rate_bps: float = 0.0  # the session's measured rewrite rate (pre-copy)
     codec: Codec = "none"
+    transport: Transport = "auto"
     move_id: str = ""  # idempotency key; the coordinator picks one when empty
 
 

@@ -127,6 +127,7 @@ class MoverService(Service):
             result = await self._verb(req.source, "migrate", Migrate(
                 session_id=req.session_id, move_id=move_id, dest_host=req.dest, dest_addr=verdict.data_addr,
                 token=verdict.token, mode=req.mode, round_cap=self.config.round_cap, codec=req.codec,
+                transport=req.transport,
                 chunk_bytes=self.config.chunk_bytes, deadline_s=max(left(), 1e-3)),
                 MigrateResult, timeout_s=max(left(), 1e-3) + 1)
         times.migrate_s, times.freeze_s = time.monotonic() - t, result.freeze_s
