@@ -43,15 +43,16 @@ def chunk_grid(flat: manifest.Flat, chunk_bytes: int) -> list[Chunk]:
             for off, n in chunks_of(t.numel() * t.element_size(), chunk_bytes)]
 
 
-def _chunk(views: list[torch.Tensor], c: Chunk, bounce: bool) -> tuple[torch.Tensor, int]:
+def _chunk(views: list[torch.Tensor], c: Chunk, bounce: bool, checksum: bool) -> tuple[torch.Tensor, int]:
     leaf, off, n = c
     data = views[leaf][off:off + n]
     if bounce:
         data = data.clone()
-    return data, crc.crc_bytes(data)
+    return data, crc.crc_bytes(data) if checksum else 0
 
 
-async def send_chunks(ch: Channel, flat: manifest.Flat, chunks: list[Chunk], *, bounce: bool) -> list[int]:
+async def send_chunks(ch: Channel, flat: manifest.Flat, chunks: list[Chunk], *, bounce: bool,
+                      checksum: bool = True) -> list[int]:
     """Send `chunks`, checksumming up to PREFETCH ahead on the worker pool; returns their CRCs."""
     loop = asyncio.get_running_loop()
     views = [crc.byte_view(t) for t in flat.tensors]
@@ -61,7 +62,7 @@ async def send_chunks(ch: Channel, flat: manifest.Flat, chunks: list[Chunk], *, 
     try:
         for c in chunks:
             while nxt < len(chunks) and len(pending) < PREFETCH:
-                pending.append(loop.run_in_executor(crc.pool, _chunk, views, chunks[nxt], bounce))
+                pending.append(loop.run_in_executor(crc.pool, _chunk, views, chunks[nxt], bounce, checksum))
                 nxt += 1
             data, value = await pending.popleft()
             await ch.put(c[0], c[1], data, value)

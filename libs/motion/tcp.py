@@ -71,7 +71,10 @@ class TcpChannel:
 
     @classmethod
     async def open(cls, dest_addr: str, token: str, layout: Manifest, chunk_bytes: int, *,
-                   codec: str = "none", byte_planes: bool = False, timeout_s: float = 10.0) -> TcpChannel:
+                   codec: str = "none", byte_planes: bool = False, verify_chunks: bool = True,
+                   timeout_s: float = 10.0) -> TcpChannel:
+        """`verify_chunks=False` exists for the benchmark's verify-off baseline only: the receiver then
+        skips per-chunk CRCs, its digest is meaningless and nothing it stages can pass `verify`."""
         host, port = split_addr(dest_addr)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -83,7 +86,7 @@ class TcpChannel:
             raise Unavailable(f"cannot reach data plane {dest_addr}: {e}", addr=dest_addr) from None
         body = encode(layout)
         hello = wire.MAGIC + bytes.fromhex(token) + wire.HELLO.pack(len(body), chunk_bytes, wire.CODECS[codec],
-                                                                    int(byte_planes), 0) + body
+                                                                    _flags(byte_planes, verify_chunks), 0) + body
         ch = cls(sock, codec, byte_planes, [manifest_itemsize(x.dtype) for x in layout.leaves])
         await ch._send(hello)
         return ch
@@ -128,6 +131,10 @@ class TcpChannel:
 
     async def close(self) -> None:
         self.sock.close()
+
+
+def _flags(byte_planes: bool, verify_chunks: bool) -> int:
+    return (wire.FLAG_PLANES if byte_planes else 0) | (0 if verify_chunks else wire.FLAG_UNVERIFIED)
 
 
 def manifest_itemsize(dtype: str) -> int:
@@ -201,7 +208,7 @@ class DataPlane:
             conn.close()
 
     async def _receive(self, loop, conn: socket.socket, slot: ShadowSlot) -> None:
-        layout_len, chunk_bytes, codec_id, planes_flag, _ = wire.HELLO.unpack(
+        layout_len, chunk_bytes, codec_id, flags, _ = wire.HELLO.unpack(
             await recv_bytes(loop, conn, wire.HELLO.size))
         if layout_len > MAX_LAYOUT_BYTES:
             raise IntegrityError(f"layout of {layout_len} bytes is too large")
@@ -243,12 +250,15 @@ class DataPlane:
                 if f.codec == 0 and region.device.type == "cpu":
                     # Straight into the staged tensor: no buffer between the socket and the slot.
                     await recv_exactly(loop, conn, memoryview(region.numpy()))
-                    await pipe.submit(_check_staged, slot, f.leaf, f.offset, region, f.crc)
+                    if flags & wire.FLAG_UNVERIFIED:
+                        slot.record(f.leaf, f.offset, 0)
+                    else:
+                        await pipe.submit(_check_staged, slot, f.leaf, f.offset, region, f.crc)
                 else:
                     if f.wire_len > 2 * f.length + 1024:
                         raise IntegrityError(f"compressed chunk of {f.wire_len} bytes for {f.length}")
                     payload = await recv_bytes(loop, conn, f.wire_len)
-                    planes = wirecodec.planes_for(itemsizes[f.leaf], bool(planes_flag))
+                    planes = wirecodec.planes_for(itemsizes[f.leaf], bool(flags & wire.FLAG_PLANES))
                     await pipe.submit(_decode_and_check, slot, f, payload, planes)
         finally:
             pipe.cancel()

@@ -1,6 +1,6 @@
 """The TCP data-plane framing: a hello with the one-time token, then checksummed chunk frames.
 
-    hello  = MAGIC(8) token(16) | layout_len u32, chunk_bytes u32, codec u8, planes u8, pad u16 | layout
+    hello  = MAGIC(8) token(16) | layout_len u32, chunk_bytes u32, codec u8, flags u8, pad u16 | layout
     frame  = kind u8, codec u8, pad u16, seq u32, leaf u32, offset u64, length u32, wire_len u32,
              crc u32 (of the decoded bytes), header_crc u32 (of everything before it) | payload
     ack    = status u8, pad 3, digest u32, reason_len u32 | reason
@@ -27,6 +27,7 @@ ACK = struct.Struct("<B3xII")
 FRAME_BYTES = FRAME.size + HEADER_CRC.size
 
 DATA, END_ROUND, DONE = 0, 1, 2
+FLAG_PLANES, FLAG_UNVERIFIED = 1, 2  # hello flags: bf16/fp16 byte planes; no per-chunk CRC (bench baseline)
 CODECS = {"none": 0, "zstd": 1, "lz4": 2, "mooncake": 3}  # mooncake: bytes moved out of band
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
 
