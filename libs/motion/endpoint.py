@@ -175,7 +175,7 @@ class MotionEndpoint:
         if req.manifest is None:
             raise IntegrityError("verify needs the source's manifest", move_id=req.move_id)
         try:
-            await slot.verify(req.manifest)
+            await slot.verify(req.manifest, full=False)  # commit re-reads every byte
         except (IntegrityError, Conflict) as e:
             return Verified(ok=False, reason=e.detail)
         return Verified(ok=True)
@@ -189,7 +189,7 @@ class MotionEndpoint:
         slot = self._slot(req)
         if req.manifest is None:
             raise IntegrityError("commit needs the source's manifest", move_id=req.move_id)
-        verified = await slot.verify(req.manifest)  # re-verify: the staged bytes once more, in full
+        verified = await slot.verify(req.manifest, full=True)  # re-verify: every staged byte, re-read
         await self.host.install_state(req.session_id, verified.tree, verified.manifest.descriptor)
         self.committed[req.move_id] = verified.manifest
         self._drop(req.move_id)

@@ -157,9 +157,11 @@ async def trial(kind: str, rng: random.Random, recv: _Receiver, silent_addr: str
             m = _mismatched(m, rng)
         installed = await slot.verify(m)
     except (StatefleetError, OSError, TimeoutError) as e:
+        sender_saw = getattr(e, "detail", None) or str(e) or type(e).__name__
+        receiver_saw = slot.reason  # the receiver's own reason, when it refused first
         if slot.state.value != "verified":
-            slot.fail(str(e))
-        c.reasons[kind] = getattr(e, "detail", None) or str(e) or type(e).__name__
+            slot.fail(sender_saw)
+        c.reasons[kind] = receiver_saw or sender_saw
     c.faults_injected += 1
     c.by_kind[kind] = c.by_kind.get(kind, 0) + 1
     if installed is None:

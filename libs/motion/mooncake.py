@@ -18,7 +18,7 @@ import torch
 
 from libs.errors import IntegrityError, Unavailable
 from libs.motion import crc, wire
-from libs.motion.tcp import TcpChannel, recv_bytes, split_addr
+from libs.motion.tcp import TcpChannel, recv_blocking, split_addr
 
 try:
     from mooncake.engine import TransferEngine
@@ -74,11 +74,10 @@ class MooncakeChannel(TcpChannel):
     async def open_mooncake(cls, engine: MooncakeEngine, dest_addr: str, token: str, layout, chunk_bytes: int,
                             ) -> MooncakeChannel:
         ch = await cls.open(dest_addr, token, layout, chunk_bytes, codec="mooncake")
-        loop = asyncio.get_running_loop()
-        n = int.from_bytes(await recv_bytes(loop, ch.sock, 4), "little")
+        n = int.from_bytes(await asyncio.to_thread(recv_blocking, ch.sock, 4), "little")
         if n > 64 << 20:
             raise IntegrityError("oversized mooncake ready message")
-        peer, remote = msgspec.msgpack.decode(await recv_bytes(loop, ch.sock, n))
+        peer, remote = msgspec.msgpack.decode(await asyncio.to_thread(recv_blocking, ch.sock, n))
         host, _ = split_addr(dest_addr)
         ch.engine, ch.peer, ch.remote = engine, f"{host}:{peer.rpartition(':')[2]}", remote
         ch.staging = [torch.empty(chunk_bytes, dtype=torch.uint8) for _ in range(STAGING_SLOTS)]

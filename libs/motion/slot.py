@@ -128,8 +128,14 @@ class ShadowSlot:
         self.tensors, self.flats = [], []  # the staged bytes are dropped at once
         self.done.set()
 
-    async def verify(self, expected: Manifest) -> VerifiedState:
-        """Re-fingerprint the staged memory (a full pass) and bind it to `expected`, or fail the slot."""
+    async def verify(self, expected: Manifest, *, full: bool = True) -> VerifiedState:
+        """Fingerprint the staged copy and bind it to `expected`, or fail the slot.
+
+        `full`: re-read every staged byte (what `commit` does). Otherwise the leaf CRCs
+        come from the chunk CRCs the receiver computed over the staged memory as each
+        chunk landed; the slot takes no writes once received, so both describe the
+        same bytes.
+        """
         if self.state not in (SlotState.RECEIVED, SlotState.VERIFIED):
             raise Conflict(f"slot is {self.state.value}: {self.reason or 'nothing staged'}", move_id=self.move_id)
         assert self.layout is not None
@@ -137,7 +143,7 @@ class ShadowSlot:
         if expected.topology != self.layout.topology or expected.session_id != self.session_id:
             self.fail("manifest does not match the staged layout")
             raise IntegrityError(self.reason, move_id=self.move_id)
-        got = await manifest.leaf_crcs(self.tensors)
+        got = await manifest.leaf_crcs(self.tensors) if full else self.staged_leaf_crcs()
         bad = [leaf.path for leaf, c in zip(expected.leaves, got, strict=True) if leaf.crc32c != c]
         if bad:
             self.fail(f"{len(bad)} leaves differ from the manifest (first: {bad[0]})")

@@ -9,9 +9,12 @@ chunk is on the wire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import socket
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import msgspec
 import numpy as np
@@ -22,12 +25,13 @@ from libs.errors import IntegrityError, StatefleetError, Unauthorized, Unavailab
 from libs.motion import codec as wirecodec
 from libs.motion import crc, wire
 from libs.motion.slot import ShadowSlot
-from libs.motion.transport import Pipeline, copy_and_check
+from libs.motion.transport import copy_and_check
 from libs.schemas.base import decode, encode
 from libs.schemas.motion import Manifest
 
 log = structlog.get_logger("statefleet.motion.tcp")
 MAX_LAYOUT_BYTES = 64 << 20
+IDLE_TIMEOUT_S = 30.0  # a sender silent this long mid-transfer is gone
 SOCK_BUF = 4 << 20
 
 
@@ -66,7 +70,6 @@ class TcpChannel:
         self.loop = asyncio.get_running_loop()
         self.seq = 0
         self.in_round = 0
-        self.encoder = Pipeline()
         self.wire_bytes = 0
 
     @classmethod
@@ -87,13 +90,14 @@ class TcpChannel:
         body = encode(layout)
         hello = wire.MAGIC + bytes.fromhex(token) + wire.HELLO.pack(len(body), chunk_bytes, wire.CODECS[codec],
                                                                     _flags(byte_planes, verify_chunks), 0) + body
+        sock.setblocking(True)  # from here on, socket I/O runs on threads
         ch = cls(sock, codec, byte_planes, [manifest_itemsize(x.dtype) for x in layout.leaves])
         await ch._send(hello)
         return ch
 
     async def _send(self, data) -> None:
         try:
-            await self.loop.sock_sendall(self.sock, data)
+            await asyncio.to_thread(self.sock.sendall, data)
         except OSError as e:
             raise Unavailable(f"data plane connection lost: {e}") from None
 
@@ -121,8 +125,10 @@ class TcpChannel:
         await self.end_round()
         await self._send(wire.pack_frame(wire.Frame(wire.DONE, 0, self.seq, 0, 0, 0, 0, 0)))
         try:
-            status, digest, reason_len = wire.ACK.unpack(await recv_bytes(self.loop, self.sock, wire.ACK.size))
-            reason = (await recv_bytes(self.loop, self.sock, min(reason_len, 4096))).decode(errors="replace")
+            status, digest, reason_len = wire.ACK.unpack(await asyncio.to_thread(recv_blocking, self.sock,
+                                                                                 wire.ACK.size))
+            reason = (await asyncio.to_thread(recv_blocking, self.sock, min(reason_len, 4096))).decode(
+                errors="replace")
         except (OSError, IntegrityError) as e:
             raise Unavailable(f"no acknowledgement from the receiver: {e}") from None
         if status != 0:
@@ -130,6 +136,8 @@ class TcpChannel:
         return digest
 
     async def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # unblocks a send still running on its thread
         self.sock.close()
 
 
@@ -155,6 +163,7 @@ class DataPlane:
         self.addr = ""
         self._accept_task: asyncio.Task | None = None
         self._conns: set[asyncio.Task] = set()
+        self._socks: set[socket.socket] = set()
 
     async def start(self) -> str:
         host, port = split_addr(self.bind)
@@ -171,6 +180,9 @@ class DataPlane:
         return self.addr
 
     async def stop(self) -> None:
+        for conn in list(self._socks):  # unblocks any reader thread
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         tasks = [t for t in (self._accept_task, *self._conns) if t]
         for t in tasks:
             t.cancel()
@@ -192,6 +204,7 @@ class DataPlane:
     async def _serve(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         slot: ShadowSlot | None = None
+        self._socks.add(conn)
         try:
             head = await recv_bytes(loop, conn, len(wire.MAGIC) + wire.TOKEN_BYTES)
             if not hmac.compare_digest(head[:len(wire.MAGIC)], wire.MAGIC):
@@ -203,8 +216,9 @@ class DataPlane:
             if slot is not None:
                 slot.fail(reason)
             log.debug("data_connection_refused", reason=reason, move_id=slot.move_id if slot else "")
-            await _ack(loop, conn, 1, 0, reason)
+            await asyncio.to_thread(_ack_blocking, conn, 1, 0, reason)
         finally:
+            self._socks.discard(conn)
             conn.close()
 
     async def _receive(self, loop, conn: socket.socket, slot: ShadowSlot) -> None:
@@ -215,16 +229,31 @@ class DataPlane:
         layout = decode(await recv_bytes(loop, conn, layout_len), Manifest)
         slot.open(layout, chunk_bytes)
         itemsizes = [manifest_itemsize(x.dtype) for x in layout.leaves]
-        pipe = Pipeline(self.depth)
-        seq, in_round = 0, 0
         registered = self._offer_mooncake(slot) if wire.CODEC_NAMES.get(codec_id) == "mooncake" else []
         if registered:
             from libs.motion.mooncake import ready_message
 
             await loop.sock_sendall(conn, ready_message(self.mooncake, registered))
         try:
+            conn.setblocking(True)
+            conn.settimeout(IDLE_TIMEOUT_S)
+            # The frame loop runs on a thread with blocking socket reads: one syscall per chunk
+            # straight into the staged tensor, while CRCs run on the worker pool.
+            await asyncio.to_thread(self._frames, conn, slot, flags, itemsizes, bool(registered))
+        finally:
+            for t in registered:
+                self.mooncake.unregister(t)
+        digest = slot.finish()
+        await asyncio.to_thread(_ack_blocking, conn, 0, digest, "")
+
+    def _frames(self, conn: socket.socket, slot: ShadowSlot, flags: int, itemsizes: list[int],
+                out_of_band: bool) -> None:
+        """Read frames until DONE with every chunk checked; raise on the first thing that is wrong."""
+        checks: deque[Future] = deque()
+        seq, in_round = 0, 0
+        try:
             while True:
-                f = wire.unpack_frame(await recv_bytes(loop, conn, wire.FRAME_BYTES))
+                f = wire.unpack_frame(recv_blocking(conn, wire.FRAME_BYTES))
                 if f.seq != seq:
                     raise IntegrityError(f"frame {f.seq} arrived where {seq} was due (reordered or lost)")
                 seq += 1
@@ -234,36 +263,38 @@ class DataPlane:
                     in_round = 0
                     continue
                 if f.kind == wire.DONE:
-                    await pipe.drain()
-                    digest = slot.finish()
-                    await _ack(loop, conn, 0, digest, "")
+                    while checks:
+                        checks.popleft().result()
                     return
                 in_round += 1
                 region = slot.region(f.leaf, f.offset, f.length)
                 if wire.CODEC_NAMES[f.codec] == "mooncake":
-                    if not registered or f.wire_len != 0:
+                    if not out_of_band or f.wire_len != 0:
                         raise IntegrityError("out-of-band chunk on a connection that did not offer it")
-                    await pipe.submit(_check_staged, slot, f.leaf, f.offset, region, f.crc)
-                    continue
-                if f.codec == 0 and f.wire_len != f.length:
+                    job = (_check_staged, slot, f.leaf, f.offset, region, f.crc)
+                elif f.codec == 0 and f.wire_len != f.length:
                     raise IntegrityError("uncompressed chunk with wire length != length")
-                if f.codec == 0 and region.device.type == "cpu":
+                elif f.codec == 0 and region.device.type == "cpu":
                     # Straight into the staged tensor: no buffer between the socket and the slot.
-                    await recv_exactly(loop, conn, memoryview(region.numpy()))
+                    recv_into_blocking(conn, memoryview(region.numpy()))
                     if flags & wire.FLAG_UNVERIFIED:
                         slot.record(f.leaf, f.offset, 0)
-                    else:
-                        await pipe.submit(_check_staged, slot, f.leaf, f.offset, region, f.crc)
+                        continue
+                    job = (_check_staged, slot, f.leaf, f.offset, region, f.crc)
                 else:
                     if f.wire_len > 2 * f.length + 1024:
                         raise IntegrityError(f"compressed chunk of {f.wire_len} bytes for {f.length}")
-                    payload = await recv_bytes(loop, conn, f.wire_len)
+                    payload = recv_blocking(conn, f.wire_len)
                     planes = wirecodec.planes_for(itemsizes[f.leaf], bool(flags & wire.FLAG_PLANES))
-                    await pipe.submit(_decode_and_check, slot, f, payload, planes)
+                    job = (_decode_and_check, slot, f, payload, planes)
+                if len(checks) >= self.depth:
+                    checks.popleft().result()
+                checks.append(crc.pool.submit(*job))
+        except TimeoutError:
+            raise IntegrityError(f"sender went quiet for {IDLE_TIMEOUT_S}s") from None
         finally:
-            pipe.cancel()
-            for t in registered:
-                self.mooncake.unregister(t)
+            for c in checks:
+                c.cancel()
 
     def _offer_mooncake(self, slot: ShadowSlot) -> list[torch.Tensor]:
         if self.mooncake is None or slot.device.type != "cpu":
@@ -290,9 +321,26 @@ def _decode_and_check(slot: ShadowSlot, f: wire.Frame, payload: bytes, planes: i
     copy_and_check(slot, f.leaf, f.offset, torch.from_numpy(out), f.crc)
 
 
-async def _ack(loop, conn: socket.socket, status: int, digest: int, reason: str) -> None:
+def _ack_blocking(conn: socket.socket, status: int, digest: int, reason: str) -> None:
     body = reason.encode()[:4096]
     try:
-        await loop.sock_sendall(conn, wire.ACK.pack(status, digest, len(body)) + body)
+        conn.setblocking(True)
+        conn.settimeout(1.0)
+        conn.sendall(wire.ACK.pack(status, digest, len(body)) + body)
     except OSError:
         pass  # the sender is gone; its side fails on its own
+
+
+def recv_into_blocking(conn: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise IntegrityError(f"connection closed after {got} of {len(view)} bytes")
+        got += n
+
+
+def recv_blocking(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    recv_into_blocking(conn, memoryview(buf))
+    return bytes(buf)
