@@ -84,19 +84,20 @@ async def _receive_forever(n_tokens: int, state_bytes: int) -> None:
     raw.bind(("127.0.0.1", 0))
     raw.listen(1)
     print(json.dumps({"raw_port": raw.getsockname()[1]}), flush=True)
-    threading.Thread(target=_raw_sink, args=(raw,), daemon=True).start()
+    threading.Thread(target=_raw_sink, args=(raw, state_bytes), daemon=True).start()
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
     await plane.stop()
 
 
-def _raw_sink(raw: socket.socket) -> None:
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
+def _raw_sink(raw: socket.socket, state_bytes: int) -> None:
+    """The raw baseline: plain blocking recv_into a fresh state-sized buffer, no framing, no checks."""
     while True:
         conn, _ = raw.accept()
+        dest = memoryview(torch.empty(state_bytes, dtype=torch.uint8).numpy())
+        got = 0
         with conn:
-            while conn.recv_into(view):
-                pass
+            while got < state_bytes and (n := conn.recv_into(dest[got:got + CHUNK])):
+                got += n
 
 
 # ---------------------------------------------------------------- measurements
@@ -126,7 +127,7 @@ def raw_rate(port: int, flat: manifest.Flat) -> float:
         return total / (time.perf_counter() - t0)
 
 
-async def samenode(tree: dict, nc) -> tuple[float, bool]:
+async def samenode(tree: dict, nc) -> tuple[float, bool, dict[str, float]]:
     class Host:
         def __init__(self) -> None:
             self.device, self.trees, self.locks = torch.device("cpu"), {}, {}
@@ -157,18 +158,31 @@ async def samenode(tree: dict, nc) -> tuple[float, bool]:
     def subj(h, v):
         return names.engine_subject(h, v)
 
-    t0 = time.perf_counter()
+    stages: dict[str, float] = {}
+    t0 = last = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        stages[name] = (now - last) * 1e3
+        last = now
+
     m = await bus.request(nc, subj("bench-a", "register_state"), RegisterState(session_id="s"), Manifest, timeout_s=60)
+    lap("register_ms")
     v = await bus.request(nc, subj("bench-b", "admit"), AdmitMove(
         session_id="s", move_id="x", state_bytes=m.total_bytes, dirty_rate_bps=0, horizon_s=600,
         bandwidth_bps=1e10), AdmitVerdict)
+    lap("admit_ms")
     r = await bus.request(nc, subj("bench-a", "migrate"), Migrate(
         session_id="s", move_id="x", dest_host="bench-b", dest_addr=v.data_addr, token=v.token,
         chunk_bytes=4 << 20), MigrateResult, timeout_s=600)
+    lap("migrate_ms")
     slot = SlotRequest(session_id="s", move_id="x", manifest=r.manifest)
     ok = (await bus.request(nc, subj("bench-b", "verify"), slot, Verified, timeout_s=600)).ok
+    lap("verify_ms")
     await bus.request(nc, subj("bench-b", "commit"), slot, SlotDone, timeout_s=600)
     await bus.request(nc, subj("bench-a", "commit"), SlotRequest(session_id="s", move_id="x"), SlotDone)
+    lap("commit_ms")
     ms = (time.perf_counter() - t0) * 1e3
     moved = manifest.flatten(b.trees["s"]).tensors
     src = manifest.flatten(tree).tensors
@@ -176,7 +190,7 @@ async def samenode(tree: dict, nc) -> tuple[float, bool]:
                            for x, y in zip(moved, src, strict=True))
     await ea.stop()
     await eb.stop()
-    return ms, identical
+    return ms, identical, stages
 
 
 def raw_copy_ms(tree: dict) -> float:
@@ -231,7 +245,7 @@ async def main_async(args) -> dict:
     server = NatsServer(store_dir=Path(tempfile.mkdtemp()) / "nats").start()
     try:
         nc = await bus.connect(server.url, name="bench-mover")
-        move_ms, identical = await samenode(tree, nc)
+        move_ms, identical, stages = await samenode(tree, nc)
         await nc.close()
     finally:
         server.stop()
@@ -243,7 +257,7 @@ async def main_async(args) -> dict:
         "size_mib": size, "leaves": len(flat.tensors), "state_bytes": total,
         "tcp_verified_gbps": common_gbps(tv), "tcp_unverified_gbps": common_gbps(tu),
         "raw_socket_gbps": common_gbps(max(raw)), "verified_over_unverified": tv / tu,
-        "samenode_move_ms": move_ms, "raw_copy_ms": copy_ms, "save_load_ms": sl_ms,
+        "samenode_move_ms": move_ms, "samenode_stages_ms": stages, "raw_copy_ms": copy_ms, "save_load_ms": sl_ms,
         "samenode_over_raw_copy": move_ms / copy_ms, "save_load_over_move": sl_ms / move_ms,
         "bit_identical": identical, "faults_injected": campaign.faults_injected,
         "corrupt_installs": campaign.corrupt_installs, "chunk_curve": curve, "targets": TARGETS,

@@ -39,6 +39,7 @@ class FaultyChannel(TcpChannel):
     at: int = 0
     rng: random.Random
     held: bytes | None = None
+    put_many = None  # every chunk goes through `put`, where the fault is injected
 
     async def put(self, leaf, offset, data, chunk_crc) -> None:
         n, self.at = self.at, self.at - 1

@@ -69,6 +69,7 @@ class MooncakeChannel(TcpChannel):
     remote: list[int]
     staging: list[torch.Tensor]
     turn: int = 0
+    put_many = None  # bytes go by Mooncake chunk by chunk, through `put`
 
     @classmethod
     async def open_mooncake(cls, engine: MooncakeEngine, dest_addr: str, token: str, layout, chunk_bytes: int,

@@ -56,6 +56,11 @@ async def send_chunks(ch: Channel, flat: manifest.Flat, chunks: list[Chunk], *, 
     """Send `chunks`, checksumming up to PREFETCH ahead on the worker pool; returns their CRCs."""
     loop = asyncio.get_running_loop()
     views = [crc.byte_view(t) for t in flat.tensors]
+    put_many = getattr(ch, "put_many", None)  # a channel that sends a whole round off the event loop
+    if put_many is not None:
+        crcs = await put_many(views, chunks, bounce, checksum)
+        await ch.end_round()
+        return crcs
     pending: deque[asyncio.Future] = deque()
     out: list[int] = []
     nxt = 0
