@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -118,12 +118,12 @@ class SlotDone(Msg):
 
 
 class MoveRequest(Msg):
-    session_id: str
-    source: str  # engine host ids
-    dest: str
-    deadline_s: float  # the horizon H: the move finishes within this or is rejected up front
+    session_id: Annotated[str, msgspec.Meta(min_length=1)]
+    source: Annotated[str, msgspec.Meta(min_length=1)]  # engine host ids
+    dest: Annotated[str, msgspec.Meta(min_length=1)]
+    deadline_s: Annotated[float, msgspec.Meta(gt=0)]  # the horizon H: done within it, or rejected up front
     mode: Mode = "stop_and_copy"
-    dirty_rate_bps: float = 0.0  # the session's measured rewrite rate (pre-copy)
+    dirty_rate_bps: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # the session's measured rewrite rate
     codec: Codec = "none"
     transport: Transport = "auto"
     move_id: str = ""  # idempotency key; the coordinator picks one when empty

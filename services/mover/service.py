@@ -100,7 +100,9 @@ class MoverService(Service):
                 await self._rollback(req, move_id)
         except StatefleetError as e:
             receipt.outcome, receipt.reason = "rolled_back", f"{e.code}: {e.detail}"
-            await self._rollback(req, move_id)
+            if await self._rollback(req, move_id) == "committed":  # only the commit's reply was lost
+                receipt.outcome, receipt.reason = "committed", f"destination had committed ({receipt.reason})"
+                await self._finish_commit(req, move_id)
         except Exception as e:  # a bug must still roll back and leave a receipt
             log.exception("move_failed")
             receipt.outcome, receipt.reason = "rolled_back", f"internal: {type(e).__name__}"
@@ -135,14 +137,14 @@ class MoverService(Service):
         receipt.fingerprint, receipt.state_bytes = result.manifest.fingerprint, result.manifest.total_bytes
         t = time.monotonic()
         slot = SlotRequest(session_id=req.session_id, move_id=move_id, manifest=result.manifest)
-        ok = await self._verb(req.dest, "verify", slot, Verified)
+        ok = await self._verb(req.dest, "verify", slot, Verified, timeout_s=max(VERB_TIMEOUT_S, left()))
         times.verify_s = time.monotonic() - t
         if not ok.ok:
             raise IntegrityError(f"destination verify failed: {ok.reason}")
         if left() <= 0:
             raise Timeout(f"deadline of {req.deadline_s}s passed before commit")
         t = time.monotonic()
-        await self._verb(req.dest, "commit", slot, SlotDone)
+        await self._verb(req.dest, "commit", slot, SlotDone, timeout_s=max(VERB_TIMEOUT_S, left()))
         receipt.outcome = "committed"  # the destination holds the state live: past the point of no return
         # The ownership step (fence: assign the session to req.dest, which then claims) goes here,
         # exactly once per committed move, before the source releases its copy.
@@ -158,18 +160,25 @@ class MoverService(Service):
         await self._verb(req.source, "commit", SlotRequest(session_id=req.session_id, move_id=move_id), SlotDone)
         await self.journal.delete(move_id)
 
-    async def _rollback(self, req: MoveRequest, move_id: str) -> None:
-        """Fail closed: drop the destination's slot, leave the source authoritative. Best effort on each side."""
+    async def _rollback(self, req: MoveRequest, move_id: str) -> str:
+        """Fail closed: drop the destination's slot, leave the source authoritative. Best effort on each side.
+
+        Returns "committed" when the destination refuses because it already committed (a lost reply):
+        then the move stands and the caller finishes it instead.
+        """
         for host in (req.dest, req.source):
             try:
                 await self._verb(host, "rollback", SlotRequest(session_id=req.session_id, move_id=move_id),
                                  SlotDone)
+            except Conflict:
+                return "committed"
             except StatefleetError as e:  # the slot's lease expires on its own if the host is unreachable
                 self.log.warning("rollback_failed", host=host, move_id=move_id, error=e.detail)
         try:
             await self.journal.delete(move_id)
         except Exception as e:
             self.log.warning("journal_delete_failed", move_id=move_id, error=str(e))
+        return "rolled_back"
 
     # -------------------------------------------------------------- journal, recovery, receipts
 
@@ -193,15 +202,11 @@ class MoverService(Service):
                                   dest=started.dest, outcome="rolled_back",
                                   reason="coordinator restarted mid-move", at=time.time())
             try:
-                await self._verb(started.dest, "rollback", SlotRequest(session_id=started.session_id,
-                                                                       move_id=started.move_id), SlotDone)
-                await self._rollback(req, started.move_id)  # the source side, and the journal entry
-            except Conflict:  # the destination committed before the crash: finish the commit
-                await self._finish_commit(req, started.move_id)
-                receipt.outcome, receipt.reason = "committed", "completed by a restarted coordinator"
+                if await self._rollback(req, started.move_id) == "committed":  # committed before the crash
+                    await self._finish_commit(req, started.move_id)
+                    receipt.outcome, receipt.reason = "committed", "completed by a restarted coordinator"
             except StatefleetError as e:
-                receipt.reason += f"; destination unreachable ({e.detail}), its slot lease expires"
-                await self.journal.delete(started.move_id)
+                receipt.reason += f"; source release failed ({e.detail}), retried at the next start"
             await self._publish(receipt)
 
     async def _publish(self, receipt: MoveReceipt) -> None:

@@ -180,3 +180,12 @@ async def test_coordinator_killed_mid_move_is_closed_out_by_the_next(nats_server
     finally:
         await second.stop()
         await ep.stop()
+
+
+async def test_malformed_move_requests_get_typed_errors(nc, fleet):
+    from libs.errors import SchemaError
+
+    for bad in (dict(deadline_s=0.0), dict(deadline_s=-1.0), dict(dirty_rate_bps=-5.0), dict(session_id="")):
+        req = dict(session_id="s1", source="a", dest="b", deadline_s=1.0) | bad
+        with pytest.raises(SchemaError):
+            await move(nc, **req)
