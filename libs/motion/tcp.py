@@ -36,7 +36,8 @@ PREFETCH = 4  # chunks checksummed (and encoded) ahead of the one on the wire  #
 SOCK_BUF = 4 << 20
 
 
-def _tune(sock: socket.socket) -> None:
+def tune(sock: socket.socket) -> None:
+    """No Nagle, 4 MiB socket buffers: what every data-plane socket (and the bench's raw baseline) uses."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
@@ -82,7 +83,7 @@ class TcpChannel:
         host, port = split_addr(dest_addr)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
-        _tune(sock)
+        tune(sock)
         try:
             await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (host, port)), timeout_s)
         except (OSError, TimeoutError) as e:
@@ -241,7 +242,7 @@ class DataPlane:
         while True:
             conn, _ = await loop.sock_accept(self.sock)
             conn.setblocking(False)
-            _tune(conn)
+            tune(conn)
             task = asyncio.create_task(self._serve(conn))
             self._conns.add(task)
             task.add_done_callback(self._conns.discard)

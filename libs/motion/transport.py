@@ -26,6 +26,10 @@ from libs.schemas.motion import Manifest
 
 
 class Channel(Protocol):
+    """One move's path into the destination slot. A channel may also offer
+    `put_many(views, chunks, bounce, checksum) -> crcs` to send a whole round off the
+    event loop; `send_chunks` uses it where present and `put` chunk by chunk otherwise."""
+
     async def put(self, leaf: int, offset: int, data: torch.Tensor, chunk_crc: int) -> None:
         """Send one chunk (a flat uint8 tensor) whose decoded bytes have CRC32C `chunk_crc`."""
         ...
