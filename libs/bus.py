@@ -148,11 +148,17 @@ def raise_error_reply(reply: ErrorReply) -> None:
 
 async def request(nc: NATS, subject: str, msg: Msg, reply_type: type[R], *, timeout_s: float = 5.0) -> R:
     """Send `msg`, return the decoded reply or raise the remote's typed error."""
+    if not nc.is_connected:
+        raise errors.Unavailable(f"NATS is not connected; {subject} not sent", subject=subject)
     try:
         resp = await nc.request(subject, encode(msg), timeout=timeout_s)
     except nats.errors.NoRespondersError:
         raise errors.Unavailable(f"nothing serves {subject}", subject=subject) from None
+    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+        raise errors.Unavailable(f"NATS connection lost during {subject}", subject=subject) from None
     except nats.errors.TimeoutError:
+        if not nc.is_connected:  # the connection dropped while we waited: an outage, not a slow peer
+            raise errors.Unavailable(f"NATS connection lost during {subject}", subject=subject) from None
         raise errors.Timeout(f"no reply on {subject} within {timeout_s}s", subject=subject) from None
     if resp.headers and resp.headers.get(ERROR_HEADER):
         raise_error_reply(decode(resp.data, ErrorReply))

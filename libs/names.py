@@ -25,3 +25,9 @@ def ping_subject(service: str) -> str:
 
 def engine_subject(host_id: str, verb: str) -> str:
     return f"sf.engine.{host_id}.{verb}"
+
+
+# KV: one record per session admission knows (contract, verdict, placement decision) (owner: admission).
+ADMISSION_BUCKET = "sf_admission"
+# Request/reply: PlaceRequest → Placement, or Rejected(reason="no_fit") (owner: placement).
+PLACEMENT_PLACE = "sf.placement.place"

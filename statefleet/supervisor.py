@@ -92,7 +92,9 @@ class Supervisor:
                 continue
             env = {**base, "SF_INSTANCE_ID": f"{name}-0"}
             if name in HTTP_PORTS:
-                env["SF_HTTP_PORT"] = os.environ.get(f"SF_{name.upper()}_HTTP_PORT", str(HTTP_PORTS[name]))
+                env["SF_HTTP_PORT"] = self._http_port(name)
+            if name == "admission":  # clients are told where fence's ingress is
+                env["SF_INGRESS_URL"] = f"http://127.0.0.1:{self._http_port('fence')}"
             self.children.append(Child(name, env, self.data_dir / "logs" / f"{name}.log"))
         for i in range(self.engines):
             device = f"cuda:{i}" if self.device == "cuda" else self.device
@@ -100,6 +102,10 @@ class Supervisor:
             self.children.append(Child(f"engine-{i}", env, self.data_dir / "logs" / f"engine-{i}.log"))
         for child in self.children:
             child.start()
+
+    @staticmethod
+    def _http_port(service: str) -> str:
+        return os.environ.get(f"SF_{service.upper()}_HTTP_PORT", str(HTTP_PORTS[service]))
 
     def _print_table(self) -> None:
         print(f"statefleet up — NATS {self.nats_url}" + (" (embedded)" if self.nats else " (external)"))

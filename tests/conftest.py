@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from libs import bus
 from libs.natsd import NatsServer, start_cluster
+
+# Shared, noisy machines: a slow example is not a failure. Correctness properties still run in full.
+settings.register_profile("statefleet", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("statefleet")
 
 
 @pytest.fixture

@@ -1,15 +1,373 @@
-"""The admission service process."""
+"""The admission service process: the session API over HTTP around the pure admission core.
+
+Every session admission knows is a `SessionRecord` in the `sf_admission` KV bucket,
+written before the client hears the outcome; the in-memory queue and reservations
+are a cache rebuilt from those records when an instance starts. One instance owns
+the queue at a time (the queue's FIFO order is per instance).
+
+Create: decide (core) → if admitted, ask placement for a host (`sf.placement.place`)
+→ record `placed` with the host and demand. A candidate that does not fit now, or
+that placement could not place, is recorded `queued` and placed later by the drain
+loop, which wakes on every engine heartbeat change, on deletes and on deadlines.
+
+Fence is the authority for who serves a session. Every session that is not
+rejected is registered with fence at create (fence issues its input token, shown
+once in the create reply), and placing it ends with fence's `assign` to the
+chosen host, which then restores or initialises the state and claims. Delete
+closes the session at fence (ingress stops, the owner's lease is revoked and it
+shuts the session down in order) before the record goes.
+"""
 
 from __future__ import annotations
 
-from libs.config import BaseConfig
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import Annotated
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from aiohttp import web
+from opentelemetry import trace
+
+from libs import bus, names
+from libs.config import BaseConfig, PositiveFloat, PositiveInt
+from libs.contracts import Demand, Guard
+from libs.errors import Busy, Conflict, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
+from libs.fence.ownership import assign, read_owner
+from libs.schemas.admission import (
+    CreatedSession,
+    CreateSession,
+    FleetHost,
+    FleetView,
+    QueueEntry,
+    QueueView,
+    SessionMetrics,
+    SessionRecord,
+    SessionView,
+    Verdict,
+)
+from libs.schemas.base import decode, encode
+from libs.schemas.common import EngineEntry
+from libs.schemas.fence import CloseReply, CloseRequest, RegisterReply, RegisterRequest
+from libs.schemas.placement import Placement, PlaceRequest
 from libs.service import Service
+from libs.telemetry import counter, histogram, tracer
+from services.admission import http
+from services.admission.core import AdmissionCore, Candidate, Policy
+
+_verdicts = counter("sf_admission_verdicts_total", "Admission verdicts by outcome and reason")
+_queue_wait = histogram("sf_admission_queue_wait", "Created to placed, for sessions that waited", unit="s")
 
 
 class AdmissionConfig(BaseConfig, kw_only=True):
-    pass
+    http_host: str = "127.0.0.1"
+    http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8700
+    admin_token: str = ""  # bearer token for /v1/admin/*; empty disables those routes
+    max_prompt_bytes: PositiveInt = 16384
+    guard_busy_fraction: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    guard_memory_fraction: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.05
+    max_sessions_per_host: PositiveInt = 64
+    queue_capacity: Annotated[int, msgspec.Meta(ge=0)] = 256
+    queue_timeout_s: PositiveFloat = 30.0
+    reservation_settle_s: PositiveFloat = 6.0
+    place_timeout_s: PositiveFloat = 2.0
+    engine_watch_silence_s: PositiveFloat = 5.0  # re-open the sf_engines watch after this long without news
+    fence_timeout_s: PositiveFloat = 2.0
+    # Where clients reach fence's ingress (input and output); `statefleet up` sets it to fence's port.
+    ingress_url: str = "http://127.0.0.1:8701"
 
 
 class AdmissionService(Service):
     name = "admission"
     config_type = AdmissionConfig
+
+    async def setup(self) -> None:
+        cfg = self.config
+        self.guard = Guard(busy_fraction=cfg.guard_busy_fraction, memory_fraction=cfg.guard_memory_fraction,
+                           max_sessions=cfg.max_sessions_per_host)
+        self.core = AdmissionCore(Policy(guard=self.guard, queue_capacity=cfg.queue_capacity,
+                                         queue_timeout_s=cfg.queue_timeout_s, settle_s=cfg.reservation_settle_s))
+        self._lock = asyncio.Lock()  # one decision at a time: decide, place, record
+        self._wake = asyncio.Event()
+        self._engines: dict[str, EngineEntry] = {}
+        self.records = await bus.ensure_kv(self.js, names.ADMISSION_BUCKET, replicas=cfg.nats_replicas)
+        self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET,
+                                              ttl_s=cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR,
+                                              replicas=cfg.nats_replicas)
+        watcher = await self.engines_kv.watchall()
+        await self._recover()
+        self.spawn(self._watch_engines(watcher), "watch_engines")
+        self.spawn(self._drain_loop(), "drain")
+        self._runner = web.AppRunner(http.make_app(self, cfg.admin_token), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)
+        await site.start()
+        self.http_port = site._server.sockets[0].getsockname()[1]
+        self.log.info("http_listening", host=cfg.http_host, port=self.http_port)
+
+    async def teardown(self) -> None:
+        await self._runner.cleanup()
+
+    # ------------------------------------------------------------ the session API (called by http)
+
+    async def create(self, req: CreateSession) -> tuple[int, CreatedSession]:
+        """Admit and place, or queue; 201 with the placed session, 202 with the queued one."""
+        if len(req.prompt.encode()) > self.config.max_prompt_bytes:
+            raise TooLarge(f"prompt is over {self.config.max_prompt_bytes} bytes", field="prompt",
+                           limit=self.config.max_prompt_bytes)
+        cand = Candidate(session_id=uuid.uuid4().hex, backend=req.backend, contract=req.contract)
+        with tracer().start_as_current_span("admission.create", attributes={"session_id": cand.session_id}):
+            return await self._create(cand, req)
+
+    async def _create(self, cand: Candidate, req: CreateSession) -> tuple[int, CreatedSession]:
+        async with self._lock:
+            now = time.time()
+            verdict = self.core.submit(cand, self._live(), now)
+            _verdicts.add(1, {"outcome": verdict.outcome, "reason": verdict.reason})
+            trace.get_current_span().set_attribute("verdict", verdict.outcome)
+            if verdict.outcome == "rejected":
+                raise _rejection(verdict)
+            try:
+                token = await self._register(cand.session_id, req)
+            except StatefleetError:
+                self.core.forget(cand.session_id)  # not registered, so not queued either
+                raise
+            record = SessionRecord(session_id=cand.session_id, backend=req.backend, contract=req.contract,
+                                   seed=req.seed, prompt=req.prompt, state="queued", verdict=verdict,
+                                   created_at=now, updated_at=now, queue_deadline=verdict.queue_deadline)
+            if verdict.outcome == "admitted":
+                placed = await self._place(record, verdict, create=True)
+                if placed is not None:
+                    return 201, await self._created(placed, token)
+                verdict = self.core.enqueue(cand, now, estimates=verdict.estimates)
+                record = msgspec.structs.replace(record, verdict=verdict, queue_deadline=verdict.queue_deadline)
+            try:
+                await self._kv(self.records.create(cand.session_id, encode(record)))
+            except StatefleetError:
+                self.core.forget(cand.session_id)  # nothing recorded, so nothing queued
+                await self._close_at_fence(cand.session_id, "admission record not written")
+                raise
+        return 202, await self._created(record, token)
+
+    async def _register(self, session_id: str, req: CreateSession) -> str:
+        """Register with fence (shared metadata for any server that will run it); returns the input token."""
+        reg = RegisterRequest(session_id=session_id, backend=req.backend, seed=req.seed, prompt=req.prompt,
+                              contract=encode(req.contract), tier=req.contract.quality_floor)
+        reply = await bus.request(self.nc, "sf.fence.register", reg, RegisterReply,
+                                  timeout_s=self.config.fence_timeout_s)
+        return reply.token
+
+    async def _close_at_fence(self, session_id: str, reason: str) -> None:
+        try:
+            await bus.request(self.nc, "sf.fence.close", CloseRequest(session_id=session_id, reason=reason),
+                              CloseReply, timeout_s=self.config.fence_timeout_s)
+        except NotFound:
+            pass  # never registered (or already gone): nothing to close
+
+    async def _created(self, record: SessionRecord, token: str) -> CreatedSession:
+        view = await self._owned_view(record)
+        base = f"{self.config.ingress_url.rstrip('/')}/v1/sessions/{record.session_id}"
+        ws = "ws" + base.removeprefix("http")
+        return CreatedSession(**msgspec.structs.asdict(view), input_token=token, input_url=f"{base}/items",
+                              input_ws_url=f"{ws}/ws", output_ws_url=f"{ws}/output")
+
+    async def get(self, session_id: str) -> SessionView:
+        return await self._owned_view(await self._load(session_id))
+
+    async def delete(self, session_id: str) -> None:
+        async with self._lock:
+            await self._load(session_id)
+            await self._close_at_fence(session_id, "deleted")
+            await self._kv(self.records.delete(session_id))
+            self.core.forget(session_id)
+        self._wake.set()
+
+    def queue_view(self) -> QueueView:
+        return QueueView(capacity=self.config.queue_capacity, timeout_s=self.config.queue_timeout_s,
+                         entries=[QueueEntry(session_id=w.candidate.session_id, position=i,
+                                             enqueued_at=w.enqueued_at, deadline=w.deadline)
+                                  for i, w in enumerate(self.core.waiting(), 1)])
+
+    def fleet_view(self) -> FleetView:
+        hosts = []
+        for h in sorted(self._live(), key=lambda h: h.host_id):
+            pending = self.core.reservations.on(h)
+            hosts.append(FleetHost(host_id=h.host_id, device=h.device, heartbeat_at=h.heartbeat_at,
+                                   sessions=h.sessions, busy_fraction=h.busy_fraction,
+                                   free_memory_bytes=h.free_memory_bytes, memory_bytes=h.memory_bytes,
+                                   pending_sessions=len(pending),
+                                   pending_busy_fraction=sum(p.busy_fraction for p in pending),
+                                   pending_state_bytes=sum(p.state_bytes for p in pending)))
+        return FleetView(hosts=hosts)
+
+    # ------------------------------------------------------------ placing and recording
+
+    async def _place(self, record: SessionRecord, verdict: Verdict, *, create: bool) -> SessionRecord | None:
+        """Ask placement for a host and record the decision; None when it could not be placed now."""
+        sid = record.session_id
+        req = PlaceRequest(session_id=sid, backend=record.backend, contract=record.contract, guard=self.guard)
+        try:
+            placement = await bus.request(self.nc, names.PLACEMENT_PLACE, req, Placement,
+                                          timeout_s=self.config.place_timeout_s)
+            # The host learns of the session from this assignment; it claims once its state is up.
+            await assign(self.nc, self.js, sid, placement.host_id)
+        except (Rejected, Unavailable, Timeout, Conflict) as e:
+            self.log.info("placement_deferred", session_id=sid, code=e.code, detail=e.detail)
+            return None
+        now = time.time()
+        need = Demand(busy_fraction=placement.estimate.busy_fraction, state_bytes=placement.estimate.state_bytes)
+        placed = msgspec.structs.replace(record, state="placed", verdict=verdict, host_id=placement.host_id,
+                                         placed_at=now, demand=need, updated_at=now, queue_deadline=0.0)
+        write = self.records.create if create else self.records.put
+        await self._kv(write(sid, encode(placed)))
+        self.core.placed(sid, placement.host_id, need, now)
+        _queue_wait.record(now - record.created_at, {"class": record.contract.session_class})
+        self.log.info("session_placed", session_id=sid, host_id=placement.host_id, tier=placement.estimate.tier)
+        return placed
+
+    async def _drain_loop(self) -> None:
+        while True:
+            deadline = self.core.next_deadline()
+            wait_s = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.time()))
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self._drain()
+            except StatefleetError as e:  # NATS down: the queue is intact, try again on the next wake
+                self.log.warning("drain_failed", code=e.code, detail=e.detail)
+
+    async def _drain(self) -> None:
+        """Time out expired waiters, then place from the head while the head fits."""
+        async with self._lock:
+            for cand, verdict in self.core.expire(time.time()):
+                _verdicts.add(1, {"outcome": verdict.outcome, "reason": verdict.reason})
+                try:
+                    record = await self._load(cand.session_id)
+                except NotFound:
+                    continue
+                await self._kv(self.records.put(cand.session_id, encode(msgspec.structs.replace(
+                    record, state="timed_out", verdict=verdict, updated_at=time.time()))))
+            while (ready := self.core.head_ready(self._live())) is not None:
+                cand, verdict = ready
+                try:
+                    record = await self._load(cand.session_id)
+                except NotFound:  # its record was removed behind our back: nothing left to place
+                    self.core.forget(cand.session_id)
+                    continue
+                _verdicts.add(1, {"outcome": verdict.outcome, "reason": verdict.reason})
+                if await self._place(record, verdict, create=False) is None:
+                    return
+
+    async def _recover(self) -> None:
+        """Rebuild the queue (in creation order, with the original deadlines) and reservations."""
+        try:
+            keys = await self.records.keys()
+        except nats.js.errors.NoKeysError:
+            return
+        records = sorted([await self._load(k) for k in keys], key=lambda r: (r.created_at, r.session_id))
+        for r in records:
+            if r.state == "placed" and r.demand is not None:
+                self.core.placed(r.session_id, r.host_id, r.demand, r.placed_at)
+            elif r.state == "queued":
+                cand = Candidate(session_id=r.session_id, backend=r.backend, contract=r.contract)
+                self.core.enqueue(cand, r.created_at, deadline=r.queue_deadline)
+        self.log.info("recovered", sessions=len(records), queued=len(self.core.waiting()))
+
+    async def _load(self, session_id: str) -> SessionRecord:
+        try:
+            entry = await self._kv(self.records.get(session_id))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            raise NotFound(f"no session {session_id}", field="session_id", session_id=session_id) from None
+        return decode(entry.value, SessionRecord)
+
+    async def _kv(self, op):
+        """Await a KV operation; a bus that does not answer is `Unavailable` (retryable), not a crash."""
+        try:
+            return await op
+        except nats.js.errors.KeyValueError:
+            raise  # an answer about the key (not found, deleted, wrong revision): the caller decides
+        except nats.errors.Error as e:
+            raise Unavailable(f"the session store did not answer: {type(e).__name__}") from None
+
+    # ------------------------------------------------------------ engine hosts
+
+    async def _watch_engines(self, watcher) -> None:
+        """Follow `sf_engines`. Engines beat every few seconds, so a watch silent for longer than
+        `engine_watch_silence_s` is re-opened: an ordered consumer does not outlive a server restart."""
+        while True:
+            try:
+                await self._follow(watcher)
+            except nats.errors.Error as e:
+                self.log.info("engine_watch_reopen", reason=type(e).__name__)
+            with contextlib.suppress(nats.errors.Error):
+                await watcher.stop()
+            try:
+                watcher = await self.engines_kv.watchall()
+            except nats.errors.Error as e:  # the bus is down: try again shortly
+                self.log.warning("engine_watch_failed", error=type(e).__name__)
+                await asyncio.sleep(self.config.heartbeat_s)
+
+    async def _follow(self, watcher) -> None:
+        while True:
+            entry = await watcher.updates(timeout=self.config.engine_watch_silence_s)
+            if entry is None:
+                continue  # the "caught up" marker
+            if entry.operation in ("DEL", "PURGE") or not entry.value:
+                self._engines.pop(entry.key, None)
+            else:
+                try:
+                    self._engines[entry.key] = decode(entry.value, EngineEntry)
+                except StatefleetError as e:
+                    self.log.warning("engine_entry_undecodable", host_id=entry.key, detail=e.detail)
+                    continue
+            self._wake.set()
+
+    def _live(self) -> list[EngineEntry]:
+        """Hosts with a fresh heartbeat; TTL-expired keys raise no watch event, so age them out here."""
+        oldest = time.time() - self.config.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
+        return [h for h in self._engines.values() if h.heartbeat_at >= oldest]
+
+    async def _owned_view(self, r: SessionRecord) -> SessionView:
+        """The view with fence's owner as the log last said (a hint; no read decides anything)."""
+        view = self._view(r)
+        if r.state != "placed":
+            return view
+        try:
+            tail = await read_owner(self.js, r.session_id)
+        except StatefleetError as e:
+            self.log.info("owner_unread", session_id=r.session_id, code=e.code)
+            return view
+        owner, claim = tail.view.owner, tail.view.claim
+        if owner is not None:
+            view = msgspec.structs.replace(view, owner_server_id=owner.server_id, owner_version=owner.version,
+                                           claimed=claim == owner)
+        return view
+
+    def _view(self, r: SessionRecord) -> SessionView:
+        est = r.verdict.estimates[0] if r.verdict.estimates else None
+        end = r.placed_at or (r.updated_at if r.state == "timed_out" else time.time())
+        metrics = SessionMetrics(queue_wait_s=max(0.0, end - r.created_at),
+                                 tier=est.tier if est else 0,
+                                 busy_fraction=r.demand.busy_fraction if r.demand else 0.0,
+                                 state_bytes=r.demand.state_bytes if r.demand else 0)
+        verdict = r.verdict
+        if r.state == "queued":
+            verdict = msgspec.structs.replace(verdict, queue_position=self.core.position(r.session_id))
+        return SessionView(session_id=r.session_id, state=r.state, backend=r.backend, contract=r.contract,
+                           host_id=r.host_id, verdict=verdict, metrics=metrics, created_at=r.created_at,
+                           updated_at=r.updated_at)
+
+
+def _rejection(verdict: Verdict) -> StatefleetError:
+    """The error a rejected create answers with; it carries the verdict (and its estimates) to the client."""
+    if verdict.reason == "queue_full":
+        return Busy(verdict.detail, reason=verdict.reason, verdict=verdict)
+    fields = verdict.fields or ["contract"]  # never_fits: the contract as a whole asks too much
+    return Rejected(verdict.detail, reason=verdict.reason, field=fields[0], fields=",".join(fields),
+                    verdict=verdict)

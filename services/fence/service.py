@@ -1,15 +1,87 @@
-"""The fence service process."""
+"""The fence service: ownership authority (session verbs), ingress (HTTP/WebSocket) and the gateway.
+
+Several instances may run: verbs and kicks are queue groups, the gateway's
+consumer is shared, and every decision is a compare-and-set on the log, so
+nothing depends on there being one instance.
+"""
 
 from __future__ import annotations
 
-from libs.config import BaseConfig
+from typing import Annotated
+
+import msgspec
+from aiohttp import web
+
+from libs import bus, telemetry
+from libs.config import BaseConfig, PositiveInt
+from libs.fence import log
+from libs.schemas.fence import CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
 from libs.service import Service
+from services.fence.gateway import Gateway
+from services.fence.ingress import Ingress
+from services.fence.inputs import InputAppender
+from services.fence.sessions import CLOSED_SUBJECT, Sessions
+
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
 
 class FenceConfig(BaseConfig, kw_only=True):
-    pass
+    http_host: str = "127.0.0.1"
+    http_port: Port = 8701  # 0 = any free port (tests); `statefleet up` passes 8701
+    max_item_bytes: PositiveInt = 64 * 1024
+    max_pending_items: PositiveInt = 1024  # per session, stored but not yet released (e.g. while unclaimed)
+    max_contract_bytes: PositiveInt = 64 * 1024
+    gateway_batch: PositiveInt = 256  # items per consumer fetch
+    max_release_items: PositiveInt = 64  # items per release record
+    max_release_bytes: PositiveInt = 512 * 1024  # payload bytes per release record (NATS max is 1 MiB)
 
 
 class FenceService(Service):
     name = "fence"
     config_type = FenceConfig
+    config: FenceConfig
+
+    async def setup(self) -> None:
+        cfg = self.config
+        await log.provision(self.js, cfg.nats_replicas)
+        kv = await self.js.key_value(log.META_BUCKET)
+        self.sessions = Sessions(self.nc, self.js, kv, max_contract_bytes=cfg.max_contract_bytes)
+        self.gateway = Gateway(self.nc, self.js, batch=cfg.gateway_batch, max_release_items=cfg.max_release_items,
+                               max_release_bytes=cfg.max_release_bytes)
+        self.appender = InputAppender(self.js)
+        for verb, req_type, handler in (("register", RegisterRequest, self.sessions.register),
+                                        ("meta", MetaRequest, self.sessions.meta),
+                                        ("checkpoint", CheckpointRequest, self.sessions.checkpoint),
+                                        ("close", CloseRequest, self.sessions.close)):
+            await bus.serve(self.nc, f"sf.fence.{verb}", req_type, _traced(verb, handler), queue="fence")
+        await self.nc.subscribe(CLOSED_SUBJECT, cb=self._on_closed)
+        await self.gateway.start(self.spawn)
+        ingress = Ingress(self.sessions, self.appender, self.gateway, max_item_bytes=cfg.max_item_bytes,
+                          max_pending_items=cfg.max_pending_items)
+        self._runner = web.AppRunner(ingress.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)
+        await site.start()
+        self.http_port = self._runner.addresses[0][1]
+        self.log.info("ingress_listening", host=cfg.http_host, port=self.http_port)
+
+    async def _on_closed(self, msg) -> None:
+        session_id = msg.data.decode(errors="replace")
+        self.sessions.evict(session_id)
+        self.appender.forget(session_id)
+        self.gateway.forget(session_id)
+
+    async def teardown(self) -> None:
+        await self._runner.cleanup()
+        await self.gateway.stop()
+
+
+def _traced(verb: str, handler):
+    """A span around each verb, tagged with its session."""
+    tracer = telemetry.tracer("statefleet.fence")
+
+    async def run(req):
+        with tracer.start_as_current_span(f"fence.{verb}", attributes={"session_id": req.session_id}):
+            return await handler(req)
+
+    return run

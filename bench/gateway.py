@@ -1,0 +1,210 @@
+"""Throughput and added latency of ingress → gateway → engine client, and how many sessions one fence holds.
+
+    python -m bench.gateway [--quick] --json PATH
+
+Runs a real nats-server and the fence service as its own process (`statefleet
+serve fence`), with the engine-side client and the frontends (WebSockets) in
+this process. Latency is one item at a time from just before the frontend sends
+it to the moment the engine's lease yields it; the baseline is a bare NATS
+publish → subscribe of the same payload, measured in the same run, and the
+added latency is the difference of the percentiles. Then it registers many
+sessions through `sf.fence.register` and reads the fence process's RSS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.common import parser, percentile, progress, table, write
+from libs import bus
+from libs.fence import ownership
+from libs.fence.client import EngineClient, Lease
+from libs.natsd import NatsServer, free_port
+from libs.schemas.fence import RegisterReply, RegisterRequest
+
+PAYLOAD = b'{"kind": "action", "data": {"keys": ["w"], "mouse": [3, -1]}}'
+TARGETS = {"added_ms_p99": "< 2", "items_per_s": ">= 5000", "sessions_registered": ">= 100000"}
+
+
+def start_fence(nats_url: str, port: int) -> subprocess.Popen:
+    env = {**os.environ, "SF_HTTP_PORT": str(port), "SF_LOG_LEVEL": "warning", "SF_INSTANCE_ID": "bench"}
+    return subprocess.Popen([sys.executable, "-c", "from statefleet.cli import main; main()", "serve", "fence",
+                             "--nats-url", nats_url],
+                            env=env, stdin=subprocess.DEVNULL)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def wait_http(port: int) -> None:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            try:
+                async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError("fence did not come up")
+
+
+async def baseline(nc, n: int) -> list[float]:
+    """Bare NATS publish → subscribe of the same payload, one at a time."""
+    got: asyncio.Queue[float] = asyncio.Queue()
+
+    async def on_msg(_):
+        got.put_nowait(time.perf_counter())
+
+    sub = await nc.subscribe("bench.baseline", cb=on_msg)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await nc.publish("bench.baseline", PAYLOAD)
+        out.append((await got.get() - t0) * 1000)
+    await sub.unsubscribe()
+    return out
+
+
+async def setup_sessions(nc, client: EngineClient, n: int) -> tuple[dict[str, str], dict[str, Lease]]:
+    js = nc.jetstream()
+    tokens, leases = {}, {}
+    for i in range(n):
+        sid = f"b{i}"
+        reply = await bus.request(nc, "sf.fence.register", RegisterRequest(session_id=sid, backend="bench", seed=i),
+                                  RegisterReply)
+        tokens[sid] = reply.token
+        a = await ownership.assign(nc, js, sid, client.server_id)
+        leases[sid] = await client.claim(sid, a.version, 0)
+    return tokens, leases
+
+
+async def latency(port: int, token: str, lease: Lease, n: int) -> list[float]:
+    url = f"http://127.0.0.1:{port}/v1/sessions/{lease.session_id}/ws"
+    items = lease.__aiter__()
+    out = []
+    async with aiohttp.ClientSession() as http, http.ws_connect(url, headers={"Authorization": f"Bearer {token}"}) as ws:
+        for _ in progress(range(n), n, "latency"):
+            t0 = time.perf_counter()
+            await ws.send_bytes(PAYLOAD)
+            await anext(items)
+            out.append((time.perf_counter() - t0) * 1000)
+            await ws.receive_json()
+    return out
+
+
+async def throughput(port: int, tokens: dict[str, str], leases: dict[str, Lease], per_session: int,
+                     window: int) -> float:
+    """Every session streams `per_session` items over its WebSocket with `window` unacknowledged."""
+
+    async def frontend(http, sid: str) -> None:
+        url = f"http://127.0.0.1:{port}/v1/sessions/{sid}/ws"
+        async with http.ws_connect(url, headers={"Authorization": f"Bearer {tokens[sid]}"}) as ws:
+            credit = asyncio.Semaphore(window)
+
+            async def acks():
+                for _ in range(per_session):
+                    assert "seq" in await ws.receive_json()
+                    credit.release()
+
+            reader = asyncio.create_task(acks())
+            for _ in range(per_session):
+                await credit.acquire()
+                await ws.send_bytes(PAYLOAD)
+            await reader
+
+    async def engine(lease: Lease) -> None:
+        items = lease.__aiter__()
+        for _ in range(per_session):
+            await anext(items)
+
+    start = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(frontend(http, sid) for sid in tokens), *(engine(le) for le in leases.values()))
+    return per_session * len(tokens) / (time.perf_counter() - start)
+
+
+async def register_many(nc, n: int, concurrency: int = 256) -> int:
+    done = 0
+    ids = iter(progress(range(n), n, "register"))
+
+    async def worker():
+        nonlocal done
+        for i in ids:
+            await bus.request(nc, "sf.fence.register", RegisterRequest(session_id=f"r{i}", backend="bench", seed=i),
+                              RegisterReply, timeout_s=30)
+            done += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
+
+
+async def run(quick: bool) -> dict:
+    n_lat = 300 if quick else 2000
+    sessions, per_session = (20, 100) if quick else (50, 400)
+    n_register = 5_000 if quick else 100_000
+    with tempfile.TemporaryDirectory() as tmp:
+        server = NatsServer(store_dir=Path(tmp) / "nats").start()
+        port = free_port()
+        fence = start_fence(server.url, port)
+        try:
+            await wait_http(port)
+            nc = await bus.connect(server.url, name="bench")
+            client = EngineClient(nc, nc.jetstream(), "bench-engine")
+            await client.start()
+            tokens, leases = await setup_sessions(nc, client, sessions)
+            base = await baseline(nc, n_lat)
+            lat = await latency(port, tokens["b0"], leases["b0"], n_lat)
+            items_per_s = await throughput(port, tokens, leases, per_session, window=16)
+            registered = await register_many(nc, n_register)
+            rss = rss_mib(fence.pid)
+            await client.close()
+            await nc.close()
+        finally:
+            fence.terminate()
+            fence.wait(10)
+            server.stop()
+    return {
+        "items_per_s": items_per_s,
+        "added_ms_p50": percentile(lat, 50) - percentile(base, 50),
+        "added_ms_p99": percentile(lat, 99) - percentile(base, 99),
+        "e2e_ms_p50": percentile(lat, 50),
+        "e2e_ms_p99": percentile(lat, 99),
+        "baseline_ms_p50": percentile(base, 50),
+        "baseline_ms_p99": percentile(base, 99),
+        "sessions_registered": registered,
+        "rss_mib": rss,
+        "config": {"latency_items": n_lat, "throughput_sessions": sessions, "items_per_session": per_session,
+                   "window": 16, "transport": "websocket"},
+        "targets": TARGETS,
+    }
+
+
+def main() -> None:
+    args = parser("gateway", __doc__.splitlines()[0]).parse_args()
+    result = asyncio.run(run(args.quick))
+    table([
+        ("items_per_s", result["items_per_s"], "target >= 5000 on 2 cores"),
+        ("added_ms_p50", result["added_ms_p50"], f"e2e {result['e2e_ms_p50']:.3f} ms"),
+        ("added_ms_p99", result["added_ms_p99"], "target < 2 ms"),
+        ("baseline_ms_p99", result["baseline_ms_p99"], "bare NATS pub → sub"),
+        ("sessions_registered", result["sessions_registered"], "target 100000"),
+        ("rss_mib", result["rss_mib"], "fence process after registering"),
+    ])
+    write(args.json, result)
+
+
+if __name__ == "__main__":
+    main()

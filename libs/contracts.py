@@ -1,0 +1,219 @@
+"""Session contracts: what a session declares, which declarations are coherent, and what it costs a host.
+
+A contract says what the fleet promises a session: its class (and with it a
+period or deadline), the quality floor it may degrade to and no further, its
+determinism tier and its decode tier. This module is pure: no I/O, no clock.
+
+The cost of a contract on a host is computed from that host's own measured
+`ProfileRow`s (never model constants): at the quality floor, one block costs
+`quantum_ms` of device time, so a session that must finish `blocks_per_window`
+blocks in every window (its period, or its deadline) takes a steady-state share
+`blocks_per_window * quantum_ms / window_ms` of the device. Classes without a
+window (bulk, replay without a deadline, maintenance) reserve no device share:
+they run in the slack EDF leaves, and cost only their resident state and a slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Literal
+
+import msgspec
+
+from libs.errors import BadRequest
+from libs.schemas.common import EngineEntry, ProfileRow
+
+SessionClass = Literal["C1", "C2a", "C2b", "C3", "C4", "C5"]
+DeterminismTier = Literal["T0", "T1", "T2"]
+DecodeTier = Literal["full", "preview", "none"]
+
+# One hour: no period or deadline longer than this is a real-time promise.
+MAX_WINDOW_MS = 3_600_000.0
+WindowMs = Annotated[float, msgspec.Meta(gt=0, le=MAX_WINDOW_MS)]
+
+# Which window each class requires, allows or forbids.
+_PERIOD_REQUIRED = {"C1"}
+_DEADLINE_REQUIRED = {"C2a", "C2b"}
+_DEADLINE_ALLOWED = {"C2a", "C2b", "C3", "C4"}
+# Replay is only a replay if it reproduces the recorded run: bitwise (T0) or schedule-stable (T1).
+_REPLAY_TIERS = {"T0", "T1"}
+
+
+class Contract(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What a session asks of the fleet. Field names are what error messages name."""
+
+    session_class: SessionClass
+    quality_floor: Annotated[int, msgspec.Meta(ge=1, le=1024)]  # lowest quality tier (denoise steps)
+    determinism: DeterminismTier
+    decode_tier: DecodeTier = "full"
+    period_ms: WindowMs | None = None  # C1: a block is due every period
+    deadline_ms: WindowMs | None = None  # C2a/C2b (required), C3/C4 (optional): blocks due within it
+    blocks_per_window: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1
+
+    @property
+    def window_ms(self) -> float | None:
+        return self.period_ms if self.period_ms is not None else self.deadline_ms
+
+
+def check_coherence(contract: Contract, backend: str, tiers: Iterable[int]) -> None:
+    """Raise `BadRequest` (reason `incoherent_contract`) naming the fields if `contract` cannot be meaningful for `backend`.
+
+    `tiers` are the quality tiers the backend's profile rows offer (any host).
+    """
+    c = contract
+    cls = c.session_class
+    if cls in _PERIOD_REQUIRED and c.period_ms is None:
+        _reject(f"class {cls} is periodic and needs period_ms", "session_class", "period_ms")
+    if cls not in _PERIOD_REQUIRED and c.period_ms is not None:
+        _reject(f"class {cls} has no period; period_ms is only for C1", "session_class", "period_ms")
+    if cls in _DEADLINE_REQUIRED and c.deadline_ms is None:
+        _reject(f"class {cls} needs deadline_ms", "session_class", "deadline_ms")
+    if cls not in _DEADLINE_ALLOWED and c.deadline_ms is not None:
+        _reject(f"class {cls} takes no deadline_ms", "session_class", "deadline_ms")
+    if c.window_ms is None and c.blocks_per_window != 1:
+        _reject("blocks_per_window needs a period_ms or deadline_ms", "blocks_per_window")
+    if cls == "C4" and c.determinism not in _REPLAY_TIERS:
+        _reject(f"C4 replay must be T0 or T1, not {c.determinism}", "session_class", "determinism")
+    if cls == "C1" and c.decode_tier == "none":
+        _reject("an interactive C1 session streams output; decode_tier cannot be none",
+                "session_class", "decode_tier")
+    if cls == "C5" and c.decode_tier != "none":
+        _reject("C5 maintenance produces no output; decode_tier must be none", "session_class", "decode_tier")
+    offered = sorted(set(tiers))
+    if not offered:
+        _reject(f"no engine host offers backend {backend!r}", "backend")
+    if c.quality_floor > offered[-1]:
+        _reject(f"quality_floor {c.quality_floor} is above backend {backend!r}'s best tier {offered[-1]}",
+                "quality_floor", "backend", best_tier=offered[-1])
+
+
+def _reject(detail: str, *fields: str, **extra: object) -> None:
+    raise BadRequest(detail, reason="incoherent_contract", field=fields[0], fields=",".join(fields), **extra)
+
+
+# ---------------------------------------------------------------- cost on a host
+
+# Device shares are sums of floats: nine sessions of 0.1 must fill a 0.9 budget, not miss it by 1e-16.
+_EPS = 1e-9
+
+
+class Guard(msgspec.Struct, kw_only=True, frozen=True):
+    """Headroom every host keeps free, and its retained-session slots."""
+
+    busy_fraction: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    memory_fraction: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.05
+    max_sessions: Annotated[int, msgspec.Meta(ge=1)] = 64
+
+
+class Demand(msgspec.Struct, kw_only=True, frozen=True):
+    """What one admitted session takes from its host until the host's heartbeat shows it."""
+
+    busy_fraction: float
+    state_bytes: int
+
+
+class Estimate(msgspec.Struct, kw_only=True, frozen=True):
+    """The arithmetic behind one verdict for one host, returned with the verdict."""
+
+    host_id: str
+    fits: bool
+    reason: str  # "" when it fits; else no_profile | period | busy | memory | slots
+    tier: int = 0
+    quantum_ms: float = 0.0
+    busy_fraction: float = 0.0  # the candidate's steady-state share of the device
+    state_bytes: int = 0
+    host_busy_fraction: float = 0.0  # measured load plus pending placements, before the candidate
+    busy_limit: float = 0.0  # 1 - guard
+    host_free_bytes: int = 0  # measured free memory less pending placements, before the candidate
+    memory_guard_bytes: int = 0
+    host_sessions: int = 0  # measured sessions plus pending placements, before the candidate
+    max_sessions: int = 0
+
+
+def floor_row(rows: Sequence[ProfileRow], backend: str, floor: int) -> ProfileRow | None:
+    """The cheapest measured row that meets the floor: the lowest profiled tier >= floor."""
+    fitting = [r for r in rows if r.backend == backend and r.tier >= floor]
+    return min(fitting, key=lambda r: r.tier) if fitting else None
+
+
+def demand(contract: Contract, row: ProfileRow) -> Demand:
+    window = contract.window_ms
+    share = 0.0 if window is None else contract.blocks_per_window * row.quantum_ms / window
+    return Demand(busy_fraction=share, state_bytes=row.state_bytes)
+
+
+def estimate(contract: Contract, backend: str, host: EngineEntry, pending: Sequence[Demand],
+             guard: Guard) -> Estimate:
+    """Does `contract` fit `host` now, given placements its heartbeat does not show yet?"""
+    row = floor_row(host.profile, backend, contract.quality_floor)
+    if row is None:
+        return Estimate(host_id=host.host_id, fits=False, reason="no_profile")
+    need = demand(contract, row)
+    busy = host.busy_fraction + sum(p.busy_fraction for p in pending)
+    free = host.free_memory_bytes - sum(p.state_bytes for p in pending)
+    mem_guard = int(guard.memory_fraction * host.memory_bytes)
+    sessions = host.sessions + len(pending)
+    reason = _first_failure(need, busy, free, mem_guard, sessions, guard)
+    return Estimate(host_id=host.host_id, fits=not reason, reason=reason, tier=row.tier,
+                    quantum_ms=row.quantum_ms, busy_fraction=need.busy_fraction,
+                    state_bytes=need.state_bytes, host_busy_fraction=busy,
+                    busy_limit=1.0 - guard.busy_fraction, host_free_bytes=free,
+                    memory_guard_bytes=mem_guard, host_sessions=sessions, max_sessions=guard.max_sessions)
+
+
+def _first_failure(need: Demand, busy: float, free: int, mem_guard: int, sessions: int, guard: Guard) -> str:
+    if need.busy_fraction > 1.0 + _EPS:
+        return "period"  # one session alone needs more than the whole device
+    if busy + need.busy_fraction > 1.0 - guard.busy_fraction + _EPS:
+        return "busy"
+    if free - need.state_bytes < mem_guard:
+        return "memory"
+    if sessions + 1 > guard.max_sessions:
+        return "slots"
+    return ""
+
+
+def idle(host: EngineEntry) -> EngineEntry:
+    """The host as it would be with nothing on it: to tell "not now" from "never"."""
+    return msgspec.structs.replace(host, busy_fraction=0.0, free_memory_bytes=host.memory_bytes,
+                                   sessions=0, state_bytes_resident=0)
+
+
+def backend_tiers(hosts: Iterable[EngineEntry], backend: str) -> set[int]:
+    return {r.tier for h in hosts for r in h.profile if r.backend == backend}
+
+
+class Reservations:
+    """Placements a host's heartbeat does not show yet, so two quick admissions never share one gap.
+
+    A reservation on a host lasts until that host sends a heartbeat taken at least `settle_s`
+    after the placement (by then the host has measured the session, or it never arrived).
+    Host and placer clocks are compared, so `settle_s` must also cover their skew.
+    """
+
+    def __init__(self, settle_s: float) -> None:
+        self.settle_s = settle_s
+        self._hosts: dict[str, dict[str, tuple[Demand, float]]] = {}
+        self._where: dict[str, str] = {}
+
+    def add(self, session_id: str, host_id: str, need: Demand, at: float) -> None:
+        self.drop(session_id)
+        self._where[session_id] = host_id
+        self._hosts.setdefault(host_id, {})[session_id] = (need, at)
+
+    def drop(self, session_id: str) -> bool:
+        host_id = self._where.pop(session_id, None)
+        if host_id is None:
+            return False
+        del self._hosts[host_id][session_id]
+        return True
+
+    def host_of(self, session_id: str) -> str | None:
+        return self._where.get(session_id)
+
+    def on(self, host: EngineEntry) -> list[Demand]:
+        """The reservations still counted against `host`; ones its heartbeat has caught up with go."""
+        held = self._hosts.get(host.host_id, {})
+        for sid in [sid for sid, (_, at) in held.items() if host.heartbeat_at >= at + self.settle_s]:
+            self.drop(sid)
+        return [need for need, _ in held.values()]

@@ -1,0 +1,235 @@
+"""The engine side of fencing: learn assignments, claim, take only our own releases, report progress.
+
+An engine host builds one `EngineClient(nc, js, server_id)`. For each session:
+
+    notice = await client.next_assignment()          # or iterate `client.assignments()`
+    meta = await client.meta(notice.session_id)      # contract, seed, checkpoint ref + cursor
+    ...install state (restore meta.checkpoint_ref, or init from seed)...
+    lease = await client.claim(notice.session_id, notice.version, cursor=meta.checkpoint_cursor)
+    async for item in lease:                         # items lease.cursor+1, +2, ... in log order
+        apply(item); await lease.report_applied(item.seq)
+    # the loop ends once a newer assign (or a close) revokes the lease: stop taking input
+
+The lease reads the session log from its claim onward and yields the items of
+releases addressed to exactly its `(server_id, version)`; anything else in the
+log is skipped, and an assign to anyone else ends it (`lease.revoked` is set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+
+from libs import bus, errors
+from libs.fence import core, log
+from libs.fence.ownership import MAX_CAS_ATTEMPTS, update_summary
+from libs.schemas.base import decode, encode
+from libs.schemas.common import InputItem
+from libs.schemas.fence import (
+    AppliedCursor,
+    AssignNotice,
+    CheckpointRequest,
+    Kick,
+    KickReply,
+    LogRecord,
+    MetaRequest,
+    Owner,
+    Release,
+    SessionMeta,
+)
+
+_log = structlog.get_logger("statefleet.fence.client")
+KICK_ATTEMPTS = 20
+# The lease's ordered consumer notices a lost consumer (e.g. a NATS restart) after missed heartbeats.
+LEASE_HEARTBEAT_S = 1.0
+
+
+class EngineClient:
+    def __init__(self, nc: NATS, js: JetStreamContext, server_id: str) -> None:
+        self.nc, self.js, self.server_id = nc, js, server_id
+        self._notices: asyncio.Queue[AssignNotice] = asyncio.Queue()
+        self._sub: Subscription | None = None
+        self._leases: dict[str, Lease] = {}
+        self._meta_kv: KeyValue | None = None
+
+    async def start(self) -> None:
+        """Listen for assignments addressed to this server (a hint; each is checked against the log)."""
+        self._sub = await bus.subscribe_events(self.nc, log.assigned_subject(self.server_id), AssignNotice,
+                                               self._on_notice)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.ConnectionClosedError):
+                await self._sub.unsubscribe()
+        for lease in list(self._leases.values()):
+            await lease.stop()
+
+    async def _on_notice(self, notice: AssignNotice) -> None:
+        await self._notices.put(notice)
+
+    async def next_assignment(self) -> AssignNotice:
+        """The next assignment to this server that the log still shows as the latest."""
+        while True:
+            notice = await self._notices.get()
+            tail = await log.read_tail(self.js, notice.session_id)
+            if tail.view.owner == Owner(server_id=self.server_id, version=notice.version):
+                return notice
+
+    async def assignments(self) -> AsyncIterator[AssignNotice]:
+        while True:
+            yield await self.next_assignment()
+
+    async def meta(self, session_id: str) -> SessionMeta:
+        return await bus.request(self.nc, "sf.fence.meta", MetaRequest(session_id=session_id), SessionMeta)
+
+    async def claim(self, session_id: str, version: int, cursor: int) -> Lease:
+        """Claim `(self, version)` with installed state reflecting item `cursor`; start the lease.
+
+        Raises `Conflict` if the assignment is stale, not ours, or already claimed.
+        """
+        log.check_session_id(session_id)
+        me = Owner(server_id=self.server_id, version=version)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            tail = await log.read_tail(self.js, session_id)
+            event = core.decide_claim(tail.view, self.server_id, version, cursor)
+            try:
+                new = await log.append(self.js, session_id, tail, event)
+                break
+            except errors.Conflict:
+                continue  # something landed meanwhile: decide again on the new tail
+            except errors.Unavailable:
+                # The append's answer was lost. If it landed, it is the record right after `tail`
+                # (that is what the CAS allows), so the lease may read from there.
+                new = await log.read_tail(self.js, session_id)
+                if new.view.owner == me and new.view.claim == me:
+                    new = log.Tail(new.view, tail.seq)
+                    break
+        else:
+            raise errors.Conflict("claim kept losing the race", session_id=session_id)
+        lease = Lease(self, session_id, me, cursor, new.seq)
+        old = self._leases.pop(session_id, None)
+        if old is not None:
+            await old.stop()
+        self._leases[session_id] = lease
+        await lease.start()
+        await update_summary(self.js, session_id, new.view)
+        _log.info("claimed", session_id=session_id, server_id=self.server_id, version=version, cursor=cursor)
+        return lease
+
+    async def checkpoint(self, session_id: str, version: int, ref: str, cursor: int) -> SessionMeta:
+        """Record a new checkpoint of the session (only the claimed owner may)."""
+        req = CheckpointRequest(session_id=session_id, server_id=self.server_id, version=version,
+                                ref=ref, cursor=cursor)
+        return await bus.request(self.nc, "sf.fence.checkpoint", req, SessionMeta)
+
+    async def meta_kv(self) -> KeyValue:
+        if self._meta_kv is None:
+            self._meta_kv = await self.js.key_value(log.META_BUCKET)
+        return self._meta_kv
+
+    def lease(self, session_id: str) -> Lease | None:
+        return self._leases.get(session_id)
+
+
+class Lease:
+    """One claimed incarnation `(server_id, version)` of a session: its in-order input, until revoked."""
+
+    def __init__(self, client: EngineClient, session_id: str, owner: Owner, cursor: int, read_after: int):
+        self.client = client
+        self.session_id = session_id
+        self.owner = owner
+        self.cursor = cursor  # the item seq the installed state reflects; input resumes after it
+        self.applied = cursor
+        self.read_after = read_after  # a log position at or just before the claim: the lease reads after it
+        self.revoked = asyncio.Event()
+        self._items: asyncio.Queue[InputItem | None] = asyncio.Queue()
+        self._next = cursor + 1
+        self._sub: Subscription | None = None
+        self._kicker: asyncio.Task | None = None
+        self._stopper: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                                    opt_start_seq=self.read_after + 1)
+        self._sub = await self.client.js.subscribe(log.log_subject(self.session_id), cb=self._on_record,
+                                                   ordered_consumer=True, config=config,
+                                                   stream=log.SESSION_STREAM, idle_heartbeat=LEASE_HEARTBEAT_S)
+        self._kicker = asyncio.create_task(self._kick())
+
+    async def stop(self) -> None:
+        """Stop reading the log (the consumer goes away); the iterator ends after what it holds."""
+        if self._kicker is not None:
+            self._kicker.cancel()
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+                await sub.unsubscribe()
+        if self.client._leases.get(self.session_id) is self:
+            del self.client._leases[self.session_id]
+        self._end()
+
+    def _end(self) -> None:
+        if not self.revoked.is_set():
+            self.revoked.set()
+            self._items.put_nowait(None)
+
+    async def _kick(self) -> None:
+        """Ask a gateway to release what waited for this claim; retried until one answers."""
+        for attempt in range(KICK_ATTEMPTS):
+            try:
+                await bus.request(self.client.nc, "sf.fence.kick", Kick(session_id=self.session_id),
+                                  KickReply, timeout_s=5.0)
+                return
+            except errors.StatefleetError as e:
+                _log.warning("kick_retry", session_id=self.session_id, error=repr(e))
+                await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+        _log.warning("kick_unanswered", session_id=self.session_id)
+
+    async def _on_record(self, msg) -> None:
+        if self.revoked.is_set():
+            return
+        record = decode(msg.data, LogRecord)
+        event = record.event
+        if isinstance(event, Release) and core.accepts(self.owner, event):
+            for item in event.items:
+                if item.seq != self._next:
+                    # Cannot happen with the core's ordering rule; refuse rather than apply out of order.
+                    _log.error("release_out_of_order", session_id=self.session_id, seq=item.seq,
+                               expected=self._next)
+                    self._end()
+                    return
+                self._next += 1
+                self._items.put_nowait(item)
+        if core.revoked(self.owner, record.view):
+            self._end()
+            # Nothing more can be addressed to this incarnation: drop its consumer.
+            self._stopper = asyncio.get_running_loop().create_task(self.stop())
+
+    def __aiter__(self) -> AsyncIterator[InputItem]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[InputItem]:
+        while True:
+            item = await self._items.get()
+            if item is None:
+                return
+            yield item
+
+    async def report_applied(self, cursor: int) -> None:
+        """The engine's state now reflects every item up to `cursor` (kept in the meta bucket as a hint)."""
+        if cursor < self.applied:
+            raise errors.BadRequest(f"applied cursor went back from {self.applied} to {cursor}",
+                                    session_id=self.session_id)
+        self.applied = cursor
+        kv = await self.client.meta_kv()
+        await kv.put(f"{self.session_id}.applied", encode(AppliedCursor(
+            server_id=self.owner.server_id, version=self.owner.version, cursor=cursor)))

@@ -1,0 +1,91 @@
+"""The per-session ownership log on JetStream: read the tail, append with compare-and-set.
+
+One stream (`SF_SESSION`) holds one subject per session (`sf.session.<sid>`). An
+append carries `Nats-Expected-Last-Subject-Sequence` = the log position the caller
+decided on; the server refuses it (JetStream error 10071) if anything landed
+since. That refusal is the only thing that decides a race, and `append` turns it
+into `Conflict`. Reads are hints: a stale read just loses its append.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+
+from libs import bus, errors, names
+from libs.fence import core
+from libs.schemas.base import decode, encode
+from libs.schemas.fence import Event, LogRecord, SessionView
+
+SESSION_STREAM = "SF_SESSION"
+INPUT_STREAM = "SF_INPUT"
+META_BUCKET = "sf_fence_meta"
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+_SID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def check_session_id(session_id: str) -> str:
+    """Session ids become subject tokens and KV keys: letters, digits, `-` and `_` only."""
+    if not isinstance(session_id, str) or not _SID.match(session_id):
+        raise errors.BadRequest("session_id must be 1-128 of [A-Za-z0-9_-]", session_id=str(session_id)[:140])
+    return session_id
+
+
+def log_subject(session_id: str) -> str:
+    return f"sf.session.{session_id}"
+
+
+def input_subject(session_id: str) -> str:
+    return f"sf.input.{session_id}"
+
+
+def assigned_subject(server_id: str) -> str:
+    return f"sf.fence.assigned.{server_id}"
+
+
+async def provision(js: JetStreamContext, replicas: int = 1) -> None:
+    """Create the fence's streams and buckets (idempotent)."""
+    await bus.ensure_stream(js, bus.StreamSpec(SESSION_STREAM, ["sf.session.>"], replicas=replicas))
+    await bus.ensure_stream(js, bus.StreamSpec(INPUT_STREAM, ["sf.input.>"], replicas=replicas))
+    await bus.ensure_kv(js, META_BUCKET, replicas=replicas)
+    await bus.ensure_kv(js, names.SESSIONS_BUCKET, replicas=replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """The view at a log position (`seq` 0 = the session's log is empty)."""
+
+    view: SessionView
+    seq: int
+
+
+async def read_tail(js: JetStreamContext, session_id: str) -> Tail:
+    try:
+        raw = await js.get_last_msg(SESSION_STREAM, log_subject(session_id), direct=True)
+    except nats.js.errors.NotFoundError:
+        return Tail(core.EMPTY, 0)
+    except nats.errors.TimeoutError:
+        raise errors.Timeout("reading the session log timed out", session_id=session_id) from None
+    return Tail(decode(raw.data, LogRecord).view, raw.seq)
+
+
+async def append(js: JetStreamContext, session_id: str, tail: Tail, event: Event) -> Tail:
+    """Append `event` if the log is still at `tail`; raise `Conflict` if it moved. Returns the new tail."""
+    view = core.apply(tail.view, event)
+    record = LogRecord(event=event, view=view, at=time.time())
+    try:
+        ack = await js.publish(log_subject(session_id), encode(record),
+                               headers={EXPECTED_LAST_SUBJECT_SEQ: str(tail.seq)})
+    except nats.js.errors.APIError as e:
+        if e.err_code == bus.JS_WRONG_LAST_SEQUENCE:
+            raise errors.Conflict("the session log moved", session_id=session_id, expected=tail.seq) from None
+        raise errors.Unavailable(f"log append failed: {e.description}", session_id=session_id) from None
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        # The append may or may not have landed; the caller re-reads the tail and decides again.
+        raise errors.Unavailable("log append unanswered", session_id=session_id) from None
+    return Tail(view, ack.seq)

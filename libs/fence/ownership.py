@@ -1,0 +1,83 @@
+"""Ownership writes for placement, mover and failover: `assign`, and reading the current owner.
+
+`assign` is a compare-and-set append: version = previous + 1 at the log position
+read. Without `expect_version` it retries on a lost race (the caller wants this
+server to own the session whatever happened meanwhile); with it, a session that
+moved on since the caller looked is a `Conflict`, never a silent overwrite.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from libs import errors, names
+from libs.fence import core, log
+from libs.schemas.base import decode, encode
+from libs.schemas.common import SessionSummary
+from libs.schemas.fence import AssignNotice, SessionView
+
+_log = structlog.get_logger("statefleet.fence")
+MAX_CAS_ATTEMPTS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Assigned:
+    session_id: str
+    server_id: str
+    version: int
+    log_seq: int
+
+
+async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str, *,
+                 expect_version: int | None = None) -> Assigned:
+    """Make `server_id` the assigned owner (unclaimed) with the next version; notify it."""
+    log.check_session_id(session_id)
+    for _ in range(MAX_CAS_ATTEMPTS):
+        tail = await log.read_tail(js, session_id)
+        latest = tail.view.owner.version if tail.view.owner else 0
+        if expect_version is not None and latest != expect_version:
+            raise errors.Conflict(f"session is at version {latest}, not {expect_version}",
+                                  session_id=session_id, latest=latest, expected=expect_version)
+        event = core.decide_assign(tail.view, server_id, latest + 1)
+        try:
+            new = await log.append(js, session_id, tail, event)
+        except errors.Conflict:
+            continue
+        await nc.publish(log.assigned_subject(server_id), encode(AssignNotice(
+            session_id=session_id, server_id=server_id, version=event.version, log_seq=new.seq)))
+        await update_summary(js, session_id, new.view)
+        _log.info("assigned", session_id=session_id, server_id=server_id, version=event.version, log_seq=new.seq)
+        return Assigned(session_id, server_id, event.version, new.seq)
+    raise errors.Conflict("assign kept losing the race", session_id=session_id)
+
+
+async def read_owner(js: JetStreamContext, session_id: str) -> log.Tail:
+    """The log's latest view of the session: a hint (the next CAS decides)."""
+    return await log.read_tail(js, log.check_session_id(session_id))
+
+
+async def update_summary(js: JetStreamContext, session_id: str, view: SessionView, **fields: str) -> None:
+    """Refresh the `sf_sessions` hint for `statefleet status`; failures only cost freshness."""
+    try:
+        kv = await js.key_value(names.SESSIONS_BUCKET)
+        try:
+            summary = decode((await kv.get(session_id)).value, SessionSummary)
+        except Exception:
+            summary = SessionSummary(session_id=session_id)
+        owner = view.owner
+        summary.owner_server_id = owner.server_id if owner else ""
+        summary.owner_version = owner.version if owner else 0
+        summary.claimed = core.current_owner(view) is not None
+        summary.state = "closed" if view.closed else ("serving" if summary.claimed else
+                                                       "assigned" if owner else "pending")
+        for key, value in fields.items():
+            setattr(summary, key, value)
+        summary.updated_at = time.time()
+        await kv.put(session_id, encode(summary))
+    except Exception as e:
+        _log.warning("session_summary_failed", session_id=session_id, error=str(e) or type(e).__name__)

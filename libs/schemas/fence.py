@@ -1,0 +1,152 @@
+"""Fence messages: the per-session ownership log, session metadata, and the `sf.fence.<verb>` requests.
+
+The log (`sf.session.<sid>` in stream `SF_SESSION`) holds `LogRecord`s. Each record
+carries the event and the `SessionView` it produced, so the last record alone tells
+a reader the owner, the claim and the release cursor (one direct get, no replay).
+"""
+
+from __future__ import annotations
+
+from libs.schemas.base import Msg
+from libs.schemas.common import InputItem
+
+
+class Owner(Msg, frozen=True):
+    """One incarnation of a session on a server: `(server_id, version)`."""
+
+    server_id: str
+    version: int
+
+
+class SessionView(Msg, frozen=True):
+    """What the log says after a record: the pure core folds events into this."""
+
+    owner: Owner | None = None  # the latest assign
+    claim: Owner | None = None  # the claim accepted since that assign, if any
+    released: int = 0  # the last item seq released to the current claim (its cursor at claim time before any)
+    input_pos: int = 0  # input-stream sequence of item `released` (0 = unknown: look it up)
+    closed: bool = False
+
+
+# ---------------------------------------------------------------- log events
+
+
+class Assign(Msg, frozen=True, tag="assign"):
+    server_id: str
+    version: int
+
+
+class Claim(Msg, frozen=True, tag="claim"):
+    server_id: str
+    version: int
+    cursor: int  # the item seq the claimant's installed state reflects
+
+
+class Release(Msg, frozen=True, tag="release"):
+    """Consecutive items released to `(server_id, version)`; `input_pos` is the last item's stream seq."""
+
+    server_id: str
+    version: int
+    items: list[InputItem]
+    input_pos: int = 0
+
+
+class Close(Msg, frozen=True, tag="close"):
+    reason: str = ""
+
+
+Event = Assign | Claim | Release | Close
+
+
+class LogRecord(Msg):
+    event: Event
+    view: SessionView
+    at: float = 0.0
+
+
+# ---------------------------------------------------------------- shared metadata (KV `sf_fence_meta`)
+
+
+class SessionSpec(Msg):
+    """What admission registers about a session: everything needed to start it from scratch."""
+
+    session_id: str
+    backend: str
+    seed: int
+    prompt: str = ""
+    contract: bytes = b""  # opaque msgpack written by admission
+    tier: int = 0  # quality tier
+
+
+class SessionMeta(SessionSpec):
+    """What a replacement server rebuilds a session from, next to the log. Only the owner moves the checkpoint."""
+
+    token_sha256: bytes = b""  # the input token itself is never stored
+    checkpoint_ref: str = ""  # where the owner's latest checkpoint lives ("" = replay from seed)
+    checkpoint_cursor: int = 0  # the item seq that checkpoint reflects
+    closed: bool = False
+    created_at: float = 0.0
+
+
+# ---------------------------------------------------------------- sf.fence.<verb> requests
+
+
+class RegisterRequest(SessionSpec):
+    """`sf.fence.register`: admission registers a new session and receives its input token."""
+
+
+class RegisterReply(Msg):
+    session_id: str
+    token: str  # the per-session input token; shown once, only its hash is kept
+
+
+class MetaRequest(Msg):
+    session_id: str
+
+
+class CheckpointRequest(Msg):
+    """The owning engine moved its checkpoint; refused unless `(server_id, version)` holds the claim."""
+
+    session_id: str
+    server_id: str
+    version: int
+    ref: str
+    cursor: int
+
+
+class CloseRequest(Msg):
+    session_id: str
+    reason: str = ""
+
+
+class CloseReply(Msg):
+    session_id: str
+    log_seq: int
+
+
+class AssignNotice(Msg):
+    """Published on `sf.fence.assigned.<server_id>` after an assign lands: a hint, the log decides."""
+
+    session_id: str
+    server_id: str
+    version: int
+    log_seq: int
+
+
+class Kick(Msg):
+    """Asks a gateway (queue group) to release what is pending for a session, e.g. after a claim."""
+
+    session_id: str
+
+
+class KickReply(Msg):
+    session_id: str
+    released: int  # the release cursor after the gateway pumped
+
+
+class AppliedCursor(Msg):
+    """The owning engine's applied cursor (`<sid>.applied` in the meta bucket): a hint for status and moves."""
+
+    server_id: str
+    version: int
+    cursor: int

@@ -1,0 +1,169 @@
+"""The session API over HTTP (aiohttp): thin handlers, every error as `application/problem+json`.
+
+Routes (the OpenAPI document at `/openapi.json` is the contract):
+  POST   /v1/sessions                 CreateSession → 201 CreatedSession (placed) | 202 CreatedSession (queued)
+  GET    /v1/sessions/{session_id}    → SessionView
+  DELETE /v1/sessions/{session_id}    → 204
+  GET    /v1/admin/queue              → QueueView   (Authorization: Bearer <admin_token>)
+  GET    /v1/admin/fleet              → FleetView   (Authorization: Bearer <admin_token>)
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import uuid
+from http import HTTPStatus
+from typing import Any, Protocol
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from libs.errors import BadRequest, Forbidden, Internal, NotFound, StatefleetError, Unauthorized
+from libs.schemas.admission import (
+    SESSION_ID_PATTERN,
+    CreatedSession,
+    CreateSession,
+    FleetView,
+    Problem,
+    QueueView,
+    SessionView,
+    Verdict,
+)
+from libs.schemas.base import check_version
+from services.admission.openapi import OPENAPI
+
+log = structlog.get_logger("statefleet.admission.http")
+PROBLEM = "application/problem+json"
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
+_FIELD = re.compile(r"at `\$\.?([^`]*)`")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+
+
+class SessionApi(Protocol):
+    async def create(self, req: CreateSession) -> tuple[int, CreatedSession]: ...
+    async def get(self, session_id: str) -> SessionView: ...
+    async def delete(self, session_id: str) -> None: ...
+    def queue_view(self) -> QueueView: ...
+    def fleet_view(self) -> FleetView: ...
+
+
+def make_app(api: SessionApi, admin_token: str) -> web.Application:
+    async def create(request: web.Request) -> web.Response:
+        status, view = await api.create(parse_create(await request.read()))
+        return _json(view, status)
+
+    async def get(request: web.Request) -> web.Response:
+        return _json(await api.get(_session_id(request)))
+
+    async def delete(request: web.Request) -> web.Response:
+        await api.delete(_session_id(request))
+        return web.Response(status=204)
+
+    async def queue(request: web.Request) -> web.Response:
+        _authorize(request, admin_token)
+        return _json(api.queue_view())
+
+    async def fleet(request: web.Request) -> web.Response:
+        _authorize(request, admin_token)
+        return _json(api.fleet_view())
+
+    async def openapi(_: web.Request) -> web.Response:
+        return web.json_response(OPENAPI)
+
+    app = web.Application(middlewares=[problems])
+    app.router.add_post("/v1/sessions", create)
+    app.router.add_get("/v1/sessions/{session_id}", get, allow_head=False)
+    app.router.add_delete("/v1/sessions/{session_id}", delete)
+    app.router.add_get("/v1/admin/queue", queue, allow_head=False)
+    app.router.add_get("/v1/admin/fleet", fleet, allow_head=False)
+    app.router.add_get("/openapi.json", openapi, allow_head=False)
+    return app
+
+
+def parse_create(body: bytes) -> CreateSession:
+    """Decode a create body; a `BadRequest` names the offending field as a dotted path."""
+    try:
+        raw = msgspec.json.decode(body)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"request body is not JSON: {e}", field="body") from None
+    try:
+        req = msgspec.convert(_integral(raw), CreateSession)
+    except msgspec.ValidationError as e:
+        raise BadRequest(f"invalid request body: {e}", field=_field_of(str(e))) from None
+    check_version(req)
+    return req
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: 7.0 is a valid JSON Schema integer, so pass it on as 7."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
+def _field_of(message: str) -> str:
+    path = m.group(1) if (m := _FIELD.search(message)) else ""
+    if (u := _UNKNOWN.search(message)) is not None:
+        path = f"{path}.{u.group(1)}" if path else u.group(1)
+    return path or "body"
+
+
+def _session_id(request: web.Request) -> str:
+    sid = request.match_info["session_id"]
+    if not _SESSION_ID.fullmatch(sid):
+        raise BadRequest("session_id must be 32 lowercase hex digits", field="session_id")
+    return sid
+
+
+def _authorize(request: web.Request, admin_token: str) -> None:
+    if not admin_token:
+        raise Forbidden("the admin API is disabled: no admin_token is configured")
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), admin_token.encode()):
+        raise Unauthorized("fleet operations need Authorization: Bearer <admin token>", field="Authorization")
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), status=status, content_type="application/json")
+
+
+@web.middleware
+async def problems(request: web.Request, handler) -> web.StreamResponse:
+    """Every failure leaves as problem+json; an unexpected one says only its error id."""
+    try:
+        return await handler(request)
+    except StatefleetError as e:
+        return problem(e)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return _problem_response(Problem(title=e.reason, status=e.status, detail=e.text or e.reason,
+                                         code=HTTPStatus(e.status).name.lower()), e.headers)
+    except Exception:
+        error_id = uuid.uuid4().hex[:12]
+        log.exception("http_handler_failed", path=request.path, error_id=error_id)
+        return problem(Internal(f"internal error {error_id}", error_id=error_id))
+
+
+def problem(e: StatefleetError) -> web.Response:
+    f = e.fields
+    fields = [x for x in str(f.get("fields", "")).split(",") if x] or ([f["field"]] if f.get("field") else [])
+    verdict = f.get("verdict")
+    body = Problem(title=HTTPStatus(e.http_status).phrase, status=e.http_status, detail=e.detail, code=e.code,
+                   field=f.get("field") or None, fields=fields, reason=f.get("reason"), retryable=e.retryable,
+                   verdict=verdict if isinstance(verdict, Verdict) else None)
+    headers = {"WWW-Authenticate": 'Bearer realm="statefleet-admin"'} if isinstance(e, Unauthorized) else {}
+    if isinstance(e, NotFound | BadRequest | Unauthorized | Forbidden):
+        log.info("http_client_error", code=e.code, detail=e.detail)
+    return _problem_response(body, headers)
+
+
+def _problem_response(body: Problem, headers: Any = None) -> web.Response:
+    hdrs = {k: v for k, v in (headers or {}).items() if k.lower() not in ("content-type", "content-length")}
+    return web.Response(body=msgspec.json.encode(body), status=body.status, content_type=PROBLEM, headers=hdrs)

@@ -1,0 +1,71 @@
+"""The OpenAPI 3.1 document of the session API, generated from the msgspec Structs it speaks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from libs.schemas.admission import (
+    SESSION_ID_PATTERN,
+    CreatedSession,
+    CreateSession,
+    FleetView,
+    Problem,
+    QueueView,
+    SessionView,
+)
+
+_REF = "#/components/schemas/{name}"
+_, _COMPONENTS = msgspec.json.schema_components([CreateSession, CreatedSession, SessionView, QueueView, FleetView, Problem],
+                                                 ref_template=_REF)
+
+
+def _ref(typ: type) -> dict[str, str]:
+    return {"$ref": _REF.format(name=typ.__name__)}
+
+
+def _body(typ: type, description: str, media: str = "application/json") -> dict[str, Any]:
+    return {"description": description, "content": {media: {"schema": _ref(typ)}}}
+
+
+def _problems(*statuses: int) -> dict[str, Any]:
+    return {str(s): _body(Problem, "the failure, naming the field", "application/problem+json") for s in statuses}
+
+
+_SESSION_ID = {"name": "session_id", "in": "path", "required": True,
+               "schema": {"type": "string", "pattern": SESSION_ID_PATTERN}}
+_ADMIN = [{"adminToken": []}]
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "statefleet admission", "version": "1",
+             "description": "Session lifecycle: admitted against a contract, placed on an engine host."},
+    "paths": {
+        "/v1/sessions": {"post": {
+            "operationId": "createSession",
+            "summary": "Admit a session against its contract and place it, or queue it",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(CreateSession)}}},
+            "responses": {"201": _body(CreatedSession, "admitted, placed and assigned to an engine host"),
+                          "202": _body(CreatedSession, "registered, waiting in the admission queue"),
+                          **_problems(400, 413, 422, 429, 503)},
+        }},
+        "/v1/sessions/{session_id}": {
+            "parameters": [_SESSION_ID],
+            "get": {"operationId": "getSession", "summary": "A session's state, host and metrics",
+                    "responses": {"200": _body(SessionView, "the session"), **_problems(400, 404, 503)}},
+            "delete": {"operationId": "deleteSession", "summary": "Forget a session (queued or placed)",
+                       "responses": {"204": {"description": "deleted"}, **_problems(400, 404, 503)}},
+        },
+        "/v1/admin/queue": {"get": {
+            "operationId": "adminQueue", "summary": "The admission queue", "security": _ADMIN,
+            "responses": {"200": _body(QueueView, "the queue, head first"), **_problems(401, 403)}}},
+        "/v1/admin/fleet": {"get": {
+            "operationId": "adminFleet", "summary": "Live engine hosts and pending placements", "security": _ADMIN,
+            "responses": {"200": _body(FleetView, "the hosts admission sees"), **_problems(401, 403)}}},
+    },
+    "components": {
+        "schemas": _COMPONENTS,
+        "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
+    },
+}

@@ -1,0 +1,168 @@
+"""The gateway: releases each session's stored input, in seq order, to its current claimed owner.
+
+Work arrives two ways: a durable pull consumer on the input stream, shared by every
+gateway instance (so a crashed instance's items are redelivered to another), and
+`sf.fence.kick` requests (queue group) after a claim. Either way the work is
+`pump(session)`: decide on the cached log tail, append the release with a
+compare-and-set on that tail, and on a lost race re-read the tail and decide
+again. That CAS is the re-check of server id *and* version before every release:
+an assign or claim landing in between moves the log, so the stale append fails.
+
+While a session is unclaimed its items simply stay in the input stream (acked
+from the consumer: the claim's kick releases them); ingress bounds how many wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext, api
+
+from libs import bus, errors
+from libs.fence import core, log
+from libs.schemas.base import decode
+from libs.schemas.common import InputItem
+from libs.schemas.fence import Kick, KickReply
+from libs.telemetry import counter
+from services.fence import inputs
+
+CONSUMER = "fence-gateway"
+# A crashed instance's unacked items go to another after this; a redelivered item is harmless (the
+# pump finds it released and acks it), and any later item or claim for the session releases it sooner.
+ACK_WAIT_S = 5.0
+_released = counter("sf_fence_released_items_total", "Items released to a claimed owner")
+_cas_lost = counter("sf_fence_release_cas_lost_total", "Release appends refused because the log moved")
+
+
+class Gateway:
+    def __init__(self, nc: NATS, js: JetStreamContext, *, batch: int, max_release_items: int,
+                 max_release_bytes: int) -> None:
+        self.nc, self.js = nc, js
+        self.batch = batch
+        self.max_release_items = max_release_items
+        self.max_release_bytes = max_release_bytes
+        self.tails: dict[str, log.Tail] = {}  # a cache of each session's log tail: a hint
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.log = structlog.get_logger("statefleet.fence.gateway")
+
+    async def start(self, spawn) -> None:
+        config = api.ConsumerConfig(durable_name=CONSUMER, ack_policy=api.AckPolicy.EXPLICIT,
+                                    ack_wait=ACK_WAIT_S, max_ack_pending=-1, filter_subject="sf.input.>")
+        self._sub = await self.js.pull_subscribe("sf.input.>", durable=CONSUMER, stream=log.INPUT_STREAM,
+                                                 config=config)
+        await bus.serve(self.nc, "sf.fence.kick", Kick, self._on_kick, queue="fence")
+        self._task = spawn(self._consume(), "gateway")
+
+    async def stop(self) -> None:
+        """Stop fetching; unacked items go back to the shared consumer for another instance."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
+
+    async def _on_kick(self, kick: Kick) -> KickReply:
+        tail = await self.pump(log.check_session_id(kick.session_id))
+        return KickReply(session_id=kick.session_id, released=tail.view.released)
+
+    async def released(self, session_id: str, *, fresh: bool = False) -> int:
+        """How far the session's input has been released (from the cache unless `fresh`)."""
+        tail = None if fresh else self.tails.get(session_id)
+        if tail is None:
+            tail = self.tails[session_id] = await log.read_tail(self.js, session_id)
+        return tail.view.released
+
+    async def _consume(self) -> None:
+        while True:
+            try:
+                msgs = await self._sub.fetch(self.batch, timeout=1.0)
+            except TimeoutError:  # nothing arrived (nats' TimeoutError is one too)
+                continue
+            except Exception as e:  # an outage: the durable consumer resumes after it
+                self.log.warning("gateway_fetch_failed", error=str(e) or type(e).__name__)
+                await asyncio.sleep(0.2)
+                continue
+            try:
+                await self._handle(msgs)
+            except asyncio.CancelledError:  # stopping: hand unfinished items straight to another instance
+                for m in msgs:
+                    with contextlib.suppress(Exception):
+                        await m.nak()
+                raise
+
+    async def _handle(self, msgs) -> None:
+        by_session: defaultdict[str, list[tuple[InputItem, int]]] = defaultdict(list)
+        for m in msgs:
+            try:
+                item = decode(m.data, InputItem)
+            except errors.SchemaError:
+                self.log.error("input_item_undecodable", subject=m.subject)
+                continue
+            by_session[item.session_id].append((item, m.metadata.sequence.stream))
+        results = await asyncio.gather(*(self.pump(sid, items) for sid, items in by_session.items()),
+                                       return_exceptions=True)
+        failed = set()
+        for sid, result in zip(by_session, results, strict=True):
+            if isinstance(result, BaseException):
+                failed.add(sid)
+                self.log.warning("pump_failed", session_id=sid, error=repr(result))
+        # An item is done once released, or waiting for a claim (whose kick releases it). Items of a
+        # pump that failed are not acked: the consumer redelivers them after ACK_WAIT_S.
+        for m in msgs:
+            if m.subject.removeprefix("sf.input.") not in failed:
+                with contextlib.suppress(nats.errors.Error):
+                    await m.ack()
+
+    async def pump(self, session_id: str, prefetched: list[tuple[InputItem, int]] = ()) -> log.Tail:
+        """Release every stored item after the cursor to the claimed owner; return the last tail seen."""
+        async with self._locks[session_id]:
+            ready = {item.seq: (item, pos) for item, pos in prefetched}
+            # With items in hand, release up to them (filling gaps from the stream); on a kick, everything.
+            target = max(ready, default=None)
+            must_read = False
+            while True:
+                tail = None if must_read else self.tails.get(session_id)
+                read_now = tail is None
+                if read_now:
+                    tail = self.tails[session_id] = await log.read_tail(self.js, session_id)
+                if target is not None and tail.view.released >= target:
+                    return tail  # the items in hand are released; re-releases after a newer claim are its kick's
+                owner = core.current_owner(tail.view)
+                batch = await self._next_items(session_id, tail, ready) if owner else []
+                if batch:
+                    event = core.decide_release(tail.view, owner, [i for i, _ in batch], input_pos=batch[-1][1])
+                    try:
+                        self.tails[session_id] = await log.append(self.js, session_id, tail, event)
+                        _released.add(len(batch))
+                    except errors.Conflict:
+                        _cas_lost.add(1)
+                        self.tails.pop(session_id, None)
+                    must_read = False
+                    continue
+                if read_now:
+                    return tail  # nothing to release: unclaimed items wait in the input stream for the claim
+                # Only the log may say "nothing to do": a cached view can hide a newer claim that
+                # re-opened released items, or a claim whose kick came before these items.
+                must_read = True
+
+    async def _next_items(self, session_id: str, tail: log.Tail,
+                          ready: dict[int, tuple[InputItem, int]]) -> list[tuple[InputItem, int]]:
+        out: list[tuple[InputItem, int]] = []
+        size, seq = 0, tail.view.released + 1
+        while seq in ready and len(out) < self.max_release_items and size < self.max_release_bytes:
+            out.append(ready[seq])
+            size += len(ready[seq][0].data)
+            seq += 1
+        if out:
+            return out
+        return await inputs.read_items(self.js, session_id, tail.view.released, tail.view.input_pos,
+                                       max_items=self.max_release_items, max_bytes=self.max_release_bytes)
+
+    def forget(self, session_id: str) -> None:
+        self.tails.pop(session_id, None)

@@ -1,0 +1,155 @@
+"""Ingress: HTTP POST and WebSocket endpoints through which a frontend sends a session's control items.
+
+    POST /v1/sessions/{session_id}/items        Authorization: Bearer <input token>
+         {"kind": "text" | "action" | "json", "data": <JSON>}  →  200 {"session_id", "seq"}
+    GET  /v1/sessions/{session_id}/ws           (WebSocket, same header) one item per text frame,
+         each answered {"seq": n} or {"error": <problem>} in order; a bad frame does not close it.
+
+An item is acknowledged only after it is stored in the input stream with its seq.
+Errors are `application/problem+json` with the typed error's code; no traceback
+and never the token reaches a client or a log.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+import msgspec
+import structlog
+from aiohttp import WSMsgType, web
+
+from libs import errors
+from libs.fence import log
+from libs.schemas.common import InputItem
+from services.fence.gateway import Gateway
+from services.fence.inputs import InputAppender
+from services.fence.sessions import Sessions
+
+_log = structlog.get_logger("statefleet.fence.ingress")
+
+
+class Envelope(msgspec.Struct, forbid_unknown_fields=True):
+    kind: Literal["text", "action", "json"]
+    data: msgspec.Raw
+
+
+_decoder = msgspec.json.Decoder(Envelope)
+# The first byte of the JSON value each kind must carry: text is a string, action/json an object.
+_EXPECTED_START = {"text": ord('"'), "action": ord("{"), "json": ord("{")}
+
+
+class Ingress:
+    def __init__(self, sessions: Sessions, appender: InputAppender, gateway: Gateway, *,
+                 max_item_bytes: int, max_pending_items: int) -> None:
+        self.sessions, self.appender, self.gateway = sessions, appender, gateway
+        self.max_item_bytes = max_item_bytes
+        self.max_pending_items = max_pending_items
+
+    def app(self) -> web.Application:
+        # Headroom over the item size for the envelope; the exact limit is checked per item.
+        app = web.Application(client_max_size=self.max_item_bytes + 1024)
+        app.router.add_post("/v1/sessions/{session_id}/items", self._post)
+        app.router.add_get("/v1/sessions/{session_id}/ws", self._ws)
+        app.router.add_get("/healthz", self._health)
+        return app
+
+    async def accept(self, session_id: str, token: str | None, body: bytes) -> InputItem:
+        """Authenticate, validate, bound and durably store one item; returns it with its seq."""
+        log.check_session_id(session_id)
+        await self.sessions.authenticate(session_id, token)
+        kind, data = self._parse(body)
+        await self._check_bound(session_id)
+        return await self.appender.append(session_id, kind, data, time.time())
+
+    def _parse(self, body: bytes) -> tuple[str, bytes]:
+        if len(body) > self.max_item_bytes + 1024:
+            raise errors.TooLarge(f"item is {len(body)} bytes", max_item_bytes=self.max_item_bytes)
+        try:
+            env = _decoder.decode(body)
+        except msgspec.DecodeError as e:
+            raise errors.SchemaError(f"malformed item: {e}") from None
+        data = bytes(env.data)
+        if len(data) > self.max_item_bytes:
+            raise errors.TooLarge(f"item data is {len(data)} bytes (max {self.max_item_bytes})",
+                                  size=len(data), max_item_bytes=self.max_item_bytes)
+        if not data or data[0] != _EXPECTED_START[env.kind]:
+            raise errors.BadRequest(f"a {env.kind} item needs "
+                                    f"{'a JSON string' if env.kind == 'text' else 'a JSON object'}")
+        return env.kind, data
+
+    async def _check_bound(self, session_id: str) -> None:
+        """At most `max_pending_items` stored but unreleased items per session (e.g. while unclaimed)."""
+        last = self.appender.last_seq(session_id)
+        if last is None:
+            return  # the first item since start: the store's own tail is read under the append lock
+        if last - await self.gateway.released(session_id) < self.max_pending_items:
+            return
+        if last - await self.gateway.released(session_id, fresh=True) >= self.max_pending_items:
+            raise errors.Busy(f"{self.max_pending_items} items already wait for this session",
+                              session_id=session_id, max_pending_items=self.max_pending_items)
+
+    # -------------------------------------------------------------- HTTP
+
+    async def _post(self, request: web.Request) -> web.Response:
+        session_id = request.match_info["session_id"]
+        try:
+            body = await request.read()
+            item = await self.accept(session_id, _bearer(request), body)
+        except web.HTTPRequestEntityTooLarge:
+            return problem(errors.TooLarge("item too large", max_item_bytes=self.max_item_bytes))
+        except errors.StatefleetError as e:
+            return problem(e)
+        except Exception:
+            return problem(_internal(session_id))
+        return web.json_response({"session_id": session_id, "seq": item.seq})
+
+    async def _ws(self, request: web.Request) -> web.StreamResponse:
+        session_id = request.match_info["session_id"]
+        token = _bearer(request)
+        try:
+            log.check_session_id(session_id)
+            await self.sessions.authenticate(session_id, token)
+        except errors.StatefleetError as e:
+            return problem(e)
+        ws = web.WebSocketResponse(max_msg_size=self.max_item_bytes + 1024)
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                break
+            body = msg.data.encode() if msg.type == WSMsgType.TEXT else msg.data
+            try:
+                item = await self.accept(session_id, token, body)
+                await ws.send_json({"seq": item.seq})
+            except errors.StatefleetError as e:
+                await ws.send_json({"error": problem_body(e)})
+            except Exception:
+                await ws.send_json({"error": problem_body(_internal(session_id))})
+        return ws
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+
+def _bearer(request: web.Request) -> str | None:
+    value = request.headers.get("Authorization", "")
+    return value[7:] if value.startswith("Bearer ") else None
+
+
+def _internal(session_id: str) -> errors.Internal:
+    error_id = uuid.uuid4().hex[:12]
+    _log.exception("ingress_failed", session_id=session_id, error_id=error_id)
+    return errors.Internal("internal error", error_id=error_id)
+
+
+def problem_body(e: errors.StatefleetError) -> dict:
+    status = e.http_status
+    fields = {k: v for k, v in e.fields.items() if isinstance(v, (str, int, float, bool))}
+    return {"type": f"urn:statefleet:error:{e.code}", "title": e.code, "status": status, "detail": e.detail,
+            "code": e.code, "retryable": e.retryable, **fields}
+
+
+def problem(e: errors.StatefleetError) -> web.Response:
+    body = problem_body(e)
+    return web.json_response(body, status=body["status"], content_type="application/problem+json")

@@ -1,0 +1,150 @@
+"""Session registration and shared metadata (`sf_fence_meta` KV), served on `sf.fence.<verb>`.
+
+The metadata is what a replacement server rebuilds a session from: contract, seed,
+prompt, tier and the latest checkpoint with the cursor it reflects. Only the
+session's claimed owner moves the checkpoint, and only forward. The input token
+is returned once at registration; only its SHA-256 is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+
+import nats.js.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from libs import errors, names
+from libs.fence import core, log, ownership
+from libs.schemas.base import decode, encode
+from libs.schemas.common import SessionSummary
+from libs.schemas.fence import (
+    CheckpointRequest,
+    CloseReply,
+    CloseRequest,
+    MetaRequest,
+    Owner,
+    RegisterReply,
+    RegisterRequest,
+    SessionMeta,
+    SessionSpec,
+)
+
+CLOSED_SUBJECT = "sf.fence.closed"  # broadcast so every ingress instance stops taking input
+MAX_CAS_ATTEMPTS = 16
+_log = structlog.get_logger("statefleet.fence.sessions")
+
+
+def token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class Sessions:
+    def __init__(self, nc: NATS, js: JetStreamContext, kv: KeyValue, *, max_contract_bytes: int) -> None:
+        self.nc, self.js, self.kv = nc, js, kv
+        self.max_contract_bytes = max_contract_bytes
+        self._cache: dict[str, SessionMeta] = {}  # for ingress authentication; evicted on close
+
+    # -------------------------------------------------------------- verbs
+
+    async def register(self, req: RegisterRequest) -> RegisterReply:
+        log.check_session_id(req.session_id)
+        if not req.backend:
+            raise errors.BadRequest("register needs a backend", session_id=req.session_id)
+        if len(req.contract) > self.max_contract_bytes:
+            raise errors.TooLarge(f"contract is {len(req.contract)} bytes (max {self.max_contract_bytes})",
+                                  session_id=req.session_id)
+        token = secrets.token_urlsafe(32)
+        spec = {name: getattr(req, name) for name in SessionSpec.__struct_fields__}
+        meta = SessionMeta(**spec, token_sha256=token_digest(token), created_at=time.time())
+        try:
+            await self.kv.create(req.session_id, encode(meta))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise errors.Conflict("session already registered", session_id=req.session_id) from None
+        self._cache[req.session_id] = meta
+        _log.info("session_registered", session_id=req.session_id, backend=req.backend)
+        summaries = await self.js.key_value(names.SESSIONS_BUCKET)
+        await summaries.put(req.session_id, encode(SessionSummary(
+            session_id=req.session_id, backend=req.backend, state="pending", updated_at=time.time())))
+        return RegisterReply(session_id=req.session_id, token=token)
+
+    async def meta(self, req: MetaRequest) -> SessionMeta:
+        meta, _ = await self._read(log.check_session_id(req.session_id))
+        return meta
+
+    async def checkpoint(self, req: CheckpointRequest) -> SessionMeta:
+        log.check_session_id(req.session_id)
+        me = Owner(server_id=req.server_id, version=req.version)
+        tail = await log.read_tail(self.js, req.session_id)
+        if not core.authorized(me, tail.view):
+            raise errors.Conflict("only the claimed owner may move the checkpoint", session_id=req.session_id,
+                                  server_id=req.server_id, version=req.version)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            meta, revision = await self._read(req.session_id)
+            if req.cursor < meta.checkpoint_cursor:
+                raise errors.Conflict(f"checkpoint cursor {req.cursor} is behind {meta.checkpoint_cursor}",
+                                      session_id=req.session_id)
+            meta.checkpoint_ref, meta.checkpoint_cursor = req.ref, req.cursor
+            if await self._write(meta, revision):
+                return meta
+        raise errors.Conflict("checkpoint kept losing the race", session_id=req.session_id)
+
+    async def close(self, req: CloseRequest) -> CloseReply:
+        log.check_session_id(req.session_id)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            meta, revision = await self._read(req.session_id)
+            meta.closed = True
+            if await self._write(meta, revision):
+                break
+        await self.nc.publish(CLOSED_SUBJECT, req.session_id.encode())
+        for _ in range(MAX_CAS_ATTEMPTS):
+            tail = await log.read_tail(self.js, req.session_id)
+            if tail.view.closed:
+                return CloseReply(session_id=req.session_id, log_seq=tail.seq)
+            try:
+                new = await log.append(self.js, req.session_id, tail, core.decide_close(tail.view, req.reason))
+            except errors.Conflict:
+                continue
+            await ownership.update_summary(self.js, req.session_id, new.view)
+            _log.info("session_closed", session_id=req.session_id, log_seq=new.seq)
+            return CloseReply(session_id=req.session_id, log_seq=new.seq)
+        raise errors.Conflict("close kept losing the race", session_id=req.session_id)
+
+    # -------------------------------------------------------------- ingress side
+
+    async def authenticate(self, session_id: str, token: str | None) -> SessionMeta:
+        """The session's metadata if `token` is its input token (constant-time compare, never logged)."""
+        meta = self._cache.get(session_id)
+        if meta is None:
+            meta, _ = await self._read(session_id)
+            self._cache[session_id] = meta
+        if not token or not hmac.compare_digest(token_digest(token), meta.token_sha256):
+            raise errors.Unauthorized("missing or wrong input token", session_id=session_id)
+        if meta.closed:
+            raise errors.Conflict("the session is closed", session_id=session_id)
+        return meta
+
+    def evict(self, session_id: str) -> None:
+        self._cache.pop(session_id, None)
+
+    # -------------------------------------------------------------- KV
+
+    async def _read(self, session_id: str) -> tuple[SessionMeta, int]:
+        try:
+            entry = await self.kv.get(session_id)
+        except nats.js.errors.KeyNotFoundError:
+            raise errors.NotFound("unknown session", session_id=session_id) from None
+        return decode(entry.value, SessionMeta), entry.revision
+
+    async def _write(self, meta: SessionMeta, revision: int) -> bool:
+        try:
+            await self.kv.update(meta.session_id, encode(meta), last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        self._cache[meta.session_id] = meta
+        return True

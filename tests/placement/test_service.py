@@ -1,0 +1,50 @@
+"""The placement service on a real nats-server: `sf.placement.place` over the bus."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from libs import bus, names
+from libs.errors import Rejected, SchemaError
+from libs.schemas.base import encode
+from libs.schemas.common import Ping
+from libs.schemas.placement import Placement
+from tests.admission.conftest import placement  # noqa: F401  (the service, started on the test's server)
+from tests.admission.fleet import host
+from tests.placement.test_first_fit import req
+
+pytestmark = pytest.mark.usefixtures("placement")
+
+
+async def beat(nc, *entries):
+    kv = await bus.ensure_kv(nc.jetstream(), names.ENGINES_BUCKET, ttl_s=6.0)
+    for e in entries:
+        await kv.put(e.host_id, encode(e))
+
+
+async def test_place_answers_the_first_fitting_host(nc):
+    await beat(nc, host("h0", busy=0.85, at=time.time()), host("h1", at=time.time()))
+    p = await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement)
+    assert p.host_id == "h1" and p.estimate.fits
+    assert await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement) == p  # a retry: same host
+
+
+async def test_no_fit_and_stale_hosts_are_a_typed_reject(nc):
+    await beat(nc, host("h0", busy=0.85, at=time.time()), host("h1", at=time.time() - 60))  # h1 is stale
+    with pytest.raises(Rejected) as e:
+        await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement)
+    assert e.value.reason == "no_fit" and e.value.hosts == "h0:busy"
+
+
+async def test_a_malformed_request_is_a_schema_error(nc):
+    with pytest.raises(SchemaError):
+        await bus.request(nc, names.PLACEMENT_PLACE, Ping(), Placement)
+
+
+async def test_an_undecodable_heartbeat_is_skipped_not_fatal(nc):
+    kv = await bus.ensure_kv(nc.jetstream(), names.ENGINES_BUCKET, ttl_s=6.0)
+    await kv.put("garbage", b"\x00\x01not msgpack")
+    await beat(nc, host("h0", at=time.time()))
+    assert (await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement)).host_id == "h0"
