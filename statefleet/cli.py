@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from libs import config as configmod
-from libs.errors import StatefleetError
+from libs.errors import BadRequest, StatefleetError
 from statefleet.registry import SERVICES
 
 
@@ -42,6 +42,21 @@ def _engines(args: argparse.Namespace) -> int:
     return asyncio.run(print_engines(args.nats_url, host=args.host, as_json=args.json))
 
 
+def _admit_calc(args: argparse.Namespace) -> int:
+    import json
+
+    from libs import admissibility as adm
+
+    try:
+        move = adm.Move(state_bytes=args.state_bytes, dirty_rate_bps=args.dirty_rate,
+                        horizon_s=args.horizon_ms / 1e3, bandwidth_bps=adm.gbps(args.bandwidth_gbps),
+                        setup_s=args.setup_ms / 1e3, codec_ratio=args.codec_ratio, codec_s=args.codec_ms / 1e3)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    print(json.dumps(adm.evaluate(move).as_json()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="statefleet", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -69,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     engines.add_argument("--host", default="", help="only this engine host")
     engines.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     engines.set_defaults(func=_engines)
+
+    calc = sub.add_parser("admit-calc", help="admissibility of one state move (Worldline §4), as JSON")
+    calc.add_argument("--state-bytes", type=float, required=True, help="state size S in bytes")
+    calc.add_argument("--dirty-rate", type=float, required=True, help="dirty rate D in bytes/s (0: stop-and-copy)")
+    calc.add_argument("--horizon-ms", type=float, required=True, help="horizon H in milliseconds")
+    calc.add_argument("--bandwidth-gbps", type=float, required=True, help="path bandwidth B in Gb/s (1e9 bit/s)")
+    calc.add_argument("--setup-ms", type=float, default=0.0, help="fixed per-move setup cost X")
+    calc.add_argument("--codec-ratio", type=float, default=1.0, help="codec wire/state ratio r (1: no codec)")
+    calc.add_argument("--codec-ms", type=float, default=0.0, help="codec time Y")
+    calc.set_defaults(func=_admit_calc)
     return p
 
 

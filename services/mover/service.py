@@ -1,15 +1,216 @@
-"""The mover service process."""
+"""The move coordinator: admits moves, drives source and destination through the six verbs, publishes receipts.
+
+Request `sf.mover.move` (MoveRequest) → MoveReceipt, once the move is over.
+Every request gets a receipt on `sf.mover.receipt.<session_id>` (stream
+SF_MOVES): committed, rolled_back (with the failing step's reason) or rejected.
+A move is journalled in the `sf_moves_inflight` KV before it touches any host;
+a coordinator that starts and finds a journalled move closes it out (rollback,
+or finishing a commit the destination already made) and publishes its receipt.
+"""
 
 from __future__ import annotations
 
-from libs.config import BaseConfig
+import asyncio
+import time
+import uuid
+from typing import Annotated
+
+import msgspec
+
+from libs import bus, names
+from libs.config import BaseConfig, PositiveFloat
+from libs.errors import Conflict, IntegrityError, Rejected, StatefleetError, Timeout
+from libs.schemas.base import decode, encode
+from libs.schemas.motion import (
+    AdmitMove,
+    AdmitVerdict,
+    Manifest,
+    Migrate,
+    MigrateResult,
+    MoveReceipt,
+    MoveRequest,
+    MoveStarted,
+    RegisterState,
+    SlotDone,
+    SlotRequest,
+    Verified,
+)
 from libs.service import Service
+from services.mover.plan import MovePlanner
+
+MOVE_SUBJECT = "sf.mover.move"
+RECEIPT_PREFIX = "sf.mover.receipt"
+MOVES_STREAM = "SF_MOVES"
+INFLIGHT_BUCKET = "sf_moves_inflight"
+VERB_TIMEOUT_S = 10.0
 
 
 class MoverConfig(BaseConfig, kw_only=True):
-    pass
+    prior_bandwidth_bps: PositiveFloat = 1.0e9  # a path's assumed rate until a move over it completes
+    ewma_alpha: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.3
+    setup_s: Annotated[float, msgspec.Meta(ge=0)] = 0.05  # fixed per-move cost: verbs, connect, commit
+    chunk_bytes: Annotated[int, msgspec.Meta(ge=4096, le=1 << 28)] = 1 << 20
+    round_cap: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
 
 
 class MoverService(Service):
     name = "mover"
     config_type = MoverConfig
+    config: MoverConfig
+
+    async def setup(self) -> None:
+        cfg = self.config
+        self.planner = MovePlanner(prior_bps=cfg.prior_bandwidth_bps, alpha=cfg.ewma_alpha, setup_s=cfg.setup_s)
+        await bus.ensure_stream(self.js, bus.StreamSpec(name=MOVES_STREAM, subjects=[f"{RECEIPT_PREFIX}.>"],
+                                                        replicas=cfg.nats_replicas))
+        self.journal = await bus.ensure_kv(self.js, INFLIGHT_BUCKET, replicas=cfg.nats_replicas)
+        await self.recover()
+        await bus.serve(self.nc, MOVE_SUBJECT, MoveRequest, self.move, queue=self.name)
+
+    # -------------------------------------------------------------- one move
+
+    async def move(self, req: MoveRequest) -> MoveReceipt:
+        move_id = req.move_id or uuid.uuid4().hex
+        log = self.log.bind(move_id=move_id, session_id=req.session_id)
+        receipt = MoveReceipt(move_id=move_id, session_id=req.session_id, source=req.source, dest=req.dest,
+                              outcome="rejected")
+        times = receipt.times
+        started = time.monotonic()
+        begun = False
+        try:
+            t = time.monotonic()
+            m = await self._verb(req.source, "register_state", RegisterState(session_id=req.session_id,
+                                                                             move_id=move_id), Manifest)
+            times.register_s = time.monotonic() - t
+            receipt.state_bytes, receipt.fingerprint = m.total_bytes, m.fingerprint
+            decision = self.planner.decide(req, m.total_bytes)
+            receipt.predicted_s = decision.predicted_s
+            if not decision.admitted:
+                raise Rejected(decision.reason)
+            self.planner.begin(move_id, req)
+            begun = True
+            try:
+                await self._journal(move_id, req)
+                await self._drive(req, move_id, m, decision.bandwidth_bps, started, receipt)
+            finally:
+                self.planner.end(move_id)
+        except Rejected as e:
+            receipt.reason = e.detail
+            if begun:  # e.g. the destination declined: drop anything it armed and the journal entry
+                await self._rollback(req, move_id)
+        except StatefleetError as e:
+            receipt.outcome, receipt.reason = "rolled_back", f"{e.code}: {e.detail}"
+            if await self._rollback(req, move_id) == "committed":  # only the commit's reply was lost
+                receipt.outcome, receipt.reason = "committed", f"destination had committed ({receipt.reason})"
+                await self._finish_commit(req, move_id)
+        except Exception as e:  # a bug must still roll back and leave a receipt
+            log.exception("move_failed")
+            receipt.outcome, receipt.reason = "rolled_back", f"internal: {type(e).__name__}"
+            await self._rollback(req, move_id)
+        receipt.at = time.time()
+        await self._publish(receipt)
+        log.info("move_done", outcome=receipt.outcome, reason=receipt.reason)
+        return receipt
+
+    async def _drive(self, req: MoveRequest, move_id: str, m: Manifest, bandwidth_bps: float,
+                     started: float, receipt: MoveReceipt) -> None:
+        times = receipt.times
+        left = lambda: req.deadline_s - (time.monotonic() - started)  # noqa: E731
+        t = time.monotonic()
+        verdict = await self._verb(req.dest, "admit", AdmitMove(
+            session_id=req.session_id, move_id=move_id, state_bytes=m.total_bytes,
+            dirty_rate_bps=req.dirty_rate_bps, horizon_s=max(left(), 1e-3), bandwidth_bps=bandwidth_bps,
+            setup_s=self.config.setup_s), AdmitVerdict)
+        times.admit_s = time.monotonic() - t
+        if not verdict.admissible:
+            raise Rejected(f"destination {req.dest}: {verdict.reason}")
+        t = time.monotonic()
+        async with asyncio.timeout(max(left(), 1e-3)):
+            result = await self._verb(req.source, "migrate", Migrate(
+                session_id=req.session_id, move_id=move_id, dest_host=req.dest, dest_addr=verdict.data_addr,
+                token=verdict.token, mode=req.mode, round_cap=self.config.round_cap, codec=req.codec,
+                transport=req.transport,
+                chunk_bytes=self.config.chunk_bytes, deadline_s=max(left(), 1e-3)),
+                MigrateResult, timeout_s=max(left(), 1e-3) + 1)
+        times.migrate_s, times.freeze_s = time.monotonic() - t, result.freeze_s
+        receipt.rounds, receipt.wire_bytes = result.rounds, result.wire_bytes
+        receipt.fingerprint, receipt.state_bytes = result.manifest.fingerprint, result.manifest.total_bytes
+        t = time.monotonic()
+        slot = SlotRequest(session_id=req.session_id, move_id=move_id, manifest=result.manifest)
+        ok = await self._verb(req.dest, "verify", slot, Verified, timeout_s=max(VERB_TIMEOUT_S, left()))
+        times.verify_s = time.monotonic() - t
+        if not ok.ok:
+            raise IntegrityError(f"destination verify failed: {ok.reason}")
+        if left() <= 0:
+            raise Timeout(f"deadline of {req.deadline_s}s passed before commit")
+        t = time.monotonic()
+        await self._verb(req.dest, "commit", slot, SlotDone, timeout_s=max(VERB_TIMEOUT_S, left()))
+        receipt.outcome = "committed"  # the destination holds the state live: past the point of no return
+        # The ownership step (fence: assign the session to req.dest, which then claims) goes here,
+        # exactly once per committed move, before the source releases its copy.
+        self.planner.observe(req.source, req.dest, result.wire_bytes, result.transfer_s)
+        try:
+            await self._finish_commit(req, move_id)
+        except StatefleetError as e:  # the journal entry stays: a restarted coordinator finishes the release
+            receipt.reason = f"committed; source release pending: {e.detail}"
+        times.commit_s = time.monotonic() - t
+
+    async def _finish_commit(self, req: MoveRequest, move_id: str) -> None:
+        """After the destination committed: the source releases its copy; the journal entry goes."""
+        await self._verb(req.source, "commit", SlotRequest(session_id=req.session_id, move_id=move_id), SlotDone)
+        await self.journal.delete(move_id)
+
+    async def _rollback(self, req: MoveRequest, move_id: str) -> str:
+        """Fail closed: drop the destination's slot, leave the source authoritative. Best effort on each side.
+
+        Returns "committed" when the destination refuses because it already committed (a lost reply):
+        then the move stands and the caller finishes it instead.
+        """
+        for host in (req.dest, req.source):
+            try:
+                await self._verb(host, "rollback", SlotRequest(session_id=req.session_id, move_id=move_id),
+                                 SlotDone)
+            except Conflict:
+                return "committed"
+            except StatefleetError as e:  # the slot's lease expires on its own if the host is unreachable
+                self.log.warning("rollback_failed", host=host, move_id=move_id, error=e.detail)
+        try:
+            await self.journal.delete(move_id)
+        except Exception as e:
+            self.log.warning("journal_delete_failed", move_id=move_id, error=str(e))
+        return "rolled_back"
+
+    # -------------------------------------------------------------- journal, recovery, receipts
+
+    async def _journal(self, move_id: str, req: MoveRequest) -> None:
+        started = MoveStarted(move_id=move_id, session_id=req.session_id, source=req.source, dest=req.dest,
+                              lease_s=req.deadline_s, at=time.time())
+        await self.journal.put(move_id, encode(started))
+
+    async def recover(self) -> None:
+        """Close out moves a previous coordinator journalled but never finished."""
+        try:
+            keys = await self.journal.keys()
+        except Exception:  # nats-py raises NoKeysError on an empty bucket
+            return
+        for key in keys:
+            entry = await self.journal.get(key)
+            started = decode(entry.value, MoveStarted)
+            req = MoveRequest(session_id=started.session_id, source=started.source, dest=started.dest,
+                              deadline_s=started.lease_s, move_id=started.move_id)
+            receipt = MoveReceipt(move_id=started.move_id, session_id=started.session_id, source=started.source,
+                                  dest=started.dest, outcome="rolled_back",
+                                  reason="coordinator restarted mid-move", at=time.time())
+            try:
+                if await self._rollback(req, started.move_id) == "committed":  # committed before the crash
+                    await self._finish_commit(req, started.move_id)
+                    receipt.outcome, receipt.reason = "committed", "completed by a restarted coordinator"
+            except StatefleetError as e:
+                receipt.reason += f"; source release failed ({e.detail}), retried at the next start"
+            await self._publish(receipt)
+
+    async def _publish(self, receipt: MoveReceipt) -> None:
+        await self.js.publish(f"{RECEIPT_PREFIX}.{receipt.session_id}", encode(receipt))
+
+    async def _verb(self, host: str, verb: str, msg, reply_type, timeout_s: float = VERB_TIMEOUT_S):
+        return await bus.request(self.nc, names.engine_subject(host, verb), msg, reply_type, timeout_s=timeout_s)

@@ -1,0 +1,1 @@
+"""State motion: manifest, shadow slot, transports and the engine-side endpoint of the six verbs."""

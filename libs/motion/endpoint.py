@@ -1,0 +1,232 @@
+"""The engine-side endpoint of state motion: the six verbs on `sf.engine.<host_id>.<verb>` and the data plane.
+
+An engine host mounts one `MotionEndpoint(nc, host_id, host, data_bind)` and
+advertises `endpoint.data_addr` as its `EngineEntry.data_addr`. One endpoint
+plays both roles: source (register_state, migrate, commit = drop the old copy,
+rollback = stay authoritative) and destination (admit = arm a shadow slot with a
+one-time token, verify, commit = re-verify and install, rollback = drop the slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+import structlog
+import torch
+from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
+
+from libs import admissibility, bus, names
+from libs.errors import (
+    Conflict,
+    IntegrityError,
+    NotFound,
+    StatefleetError,
+    Timeout,
+    Unauthorized,
+    Unavailable,
+)
+from libs.motion import manifest
+from libs.motion.host import StateHost
+from libs.motion.mooncake import MooncakeChannel, MooncakeEngine
+from libs.motion.sender import SendOptions, send_state
+from libs.motion.slot import ShadowSlot, SlotState
+from libs.motion.tcp import DataPlane, TcpChannel
+from libs.motion.transport import Channel, InProcessChannel, local_receivers
+from libs.schemas.motion import (
+    AdmitMove,
+    AdmitVerdict,
+    Manifest,
+    Migrate,
+    MigrateResult,
+    RegisterState,
+    SlotDone,
+    SlotRequest,
+    Verified,
+)
+from libs.telemetry import counter, tracer
+
+log = structlog.get_logger("statefleet.motion.endpoint")
+VERBS = ("register_state", "admit", "migrate", "verify", "commit", "rollback")
+_verbs = counter("sf_motion_verbs_total", "State-motion verbs served, by verb and outcome")
+SLOT_GRACE_S = 5.0  # a slot outlives its move's horizon by this much before it is reaped
+
+
+class MotionEndpoint:
+    def __init__(self, nc: NATS, host_id: str, host: StateHost, data_bind: str = "127.0.0.1:0", *,
+                 tier: str = "T0", mooncake: MooncakeEngine | None = None) -> None:
+        self.nc, self.host_id, self.host, self.tier = nc, host_id, host, tier
+        self.mooncake = mooncake
+        self.data = DataPlane(self._claim, data_bind, mooncake=mooncake)
+        self.slots: dict[str, ShadowSlot] = {}  # move_id -> incoming slot
+        self.tokens: dict[str, ShadowSlot] = {}  # one-time data-plane tokens -> slot
+        self.outgoing: dict[str, Manifest] = {}  # move_id -> manifest this host sent
+        self.committed: dict[str, Manifest] = {}  # move_id -> manifest installed here (idempotent commit)
+        self._subs: list[Subscription] = []
+        self._reaper: asyncio.Task | None = None
+
+    @property
+    def data_addr(self) -> str:
+        return self.data.addr
+
+    async def start(self) -> str:
+        addr = await self.data.start()
+        local_receivers[addr] = self._claim
+        for verb in VERBS:
+            handler, req = getattr(self, f"_on_{verb}"), _REQUESTS[verb]
+            self._subs.append(await bus.serve(self.nc, names.engine_subject(self.host_id, verb), req,
+                                              self._traced(verb, handler)))
+        self._reaper = asyncio.create_task(self._reap(), name=f"motion-reaper:{self.host_id}")
+        return addr
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+        local_receivers.pop(self.data.addr, None)
+        if self._reaper:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        await self.data.stop()
+        for slot in self.slots.values():
+            slot.fail("endpoint stopped")
+
+    def _traced(self, verb: str, handler):
+        async def run(req):
+            with tracer().start_as_current_span(f"motion.{verb}") as span:
+                span.set_attribute("session_id", req.session_id)
+                try:
+                    reply = await handler(req)
+                except StatefleetError as e:
+                    _verbs.add(1, {"verb": verb, "outcome": e.code})
+                    raise
+                _verbs.add(1, {"verb": verb, "outcome": "ok"})
+                return reply
+        return run
+
+    # -------------------------------------------------------------- source side
+
+    async def _on_register_state(self, req: RegisterState) -> Manifest:
+        async with self.host.block_boundary(req.session_id):
+            tree = self.host.state_tree(req.session_id)
+            return await manifest.register(req.session_id, tree, tier=self.tier,
+                                           descriptor=self.host.session_descriptor(req.session_id))
+
+    async def _on_migrate(self, req: Migrate) -> MigrateResult:
+        if req.move_id in self.outgoing:
+            raise Conflict(f"move {req.move_id} was already sent", move_id=req.move_id)
+
+        async def open_channel(layout: Manifest) -> Channel:
+            if req.transport == "mooncake":
+                if self.mooncake is None:
+                    raise Unavailable(f"host {self.host_id} runs no mooncake engine")
+                return await MooncakeChannel.open_mooncake(self.mooncake, req.dest_addr, req.token, layout,
+                                                           req.chunk_bytes)
+            if req.dest_addr in local_receivers:
+                return InProcessChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes)
+            return await TcpChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes,
+                                         codec=req.codec, byte_planes=req.byte_planes)
+
+        opts = SendOptions(mode=req.mode, round_cap=max(1, req.round_cap),
+                           converge_fraction=req.converge_fraction, chunk_bytes=req.chunk_bytes)
+        try:
+            async with asyncio.timeout(req.deadline_s):
+                result = await send_state(self.host, req.session_id, open_channel, opts, tier=self.tier)
+        except TimeoutError:
+            raise Timeout(f"move {req.move_id} did not finish within {req.deadline_s}s",
+                          move_id=req.move_id) from None
+        self.outgoing[req.move_id] = result.manifest
+        return result
+
+    # -------------------------------------------------------------- destination side
+
+    async def _on_admit(self, req: AdmitMove) -> AdmitVerdict:
+        if any(s.session_id == req.session_id for s in self.slots.values()):
+            return AdmitVerdict(admissible=False, reason="a move into this session is already staged here")
+        try:
+            self.host.state_tree(req.session_id)
+            return AdmitVerdict(admissible=False, reason=f"host {self.host_id} already holds the session live")
+        except NotFound:
+            pass
+        verdict = admissibility.evaluate(admissibility.Move(
+            state_bytes=req.state_bytes, dirty_rate_bps=req.dirty_rate_bps, horizon_s=req.horizon_s,
+            bandwidth_bps=req.bandwidth_bps, setup_s=req.setup_s))
+        if not verdict.admissible:
+            return AdmitVerdict(admissible=False, reason=verdict.reason, t_migrate_s=verdict.t_migrate_s)
+        token = secrets.token_hex(16)
+        slot = ShadowSlot(req.session_id, req.move_id, token, req.state_bytes, self._device(),
+                          lease_s=req.horizon_s + SLOT_GRACE_S)
+        self.slots[req.move_id] = self.tokens[token] = slot
+        return AdmitVerdict(admissible=True, t_migrate_s=verdict.t_migrate_s, token=token, data_addr=self.data_addr)
+
+    def _device(self) -> torch.device:
+        return torch.device(self.host.device)
+
+    def _claim(self, token: str) -> ShadowSlot:
+        """Redeem a one-time token for its slot; a stray, reused or expired token gets nothing."""
+        slot = self.tokens.pop(token, None)
+        if slot is None or slot.expired or slot.state is not SlotState.ARMED:
+            raise Unauthorized("unknown, used or expired data-plane token")
+        return slot
+
+    async def _on_verify(self, req: SlotRequest) -> Verified:
+        slot = self._slot(req)
+        if req.manifest is None:
+            raise IntegrityError("verify needs the source's manifest", move_id=req.move_id)
+        try:
+            await slot.verify(req.manifest, full=False)  # commit re-reads every byte
+        except (IntegrityError, Conflict) as e:
+            return Verified(ok=False, reason=e.detail)
+        return Verified(ok=True)
+
+    async def _on_commit(self, req: SlotRequest) -> SlotDone:
+        if req.move_id in self.committed:
+            return SlotDone(manifest=self.committed[req.move_id])
+        if req.move_id in self.outgoing:  # source: the destination holds the state now
+            await self.host.drop_session(req.session_id)
+            return SlotDone(manifest=self.outgoing.pop(req.move_id))
+        slot = self._slot(req)
+        if req.manifest is None:
+            raise IntegrityError("commit needs the source's manifest", move_id=req.move_id)
+        verified = await slot.verify(req.manifest, full=True)  # re-verify: every staged byte, re-read
+        await self.host.install_state(req.session_id, verified.tree, verified.manifest.descriptor)
+        self.committed[req.move_id] = verified.manifest
+        self._drop(req.move_id)
+        log.info("move_committed", session_id=req.session_id, move_id=req.move_id)
+        return SlotDone(manifest=verified.manifest)
+
+    async def _on_rollback(self, req: SlotRequest) -> SlotDone:
+        if req.move_id in self.committed:
+            raise Conflict(f"move {req.move_id} is committed here", move_id=req.move_id)
+        sent = self.outgoing.pop(req.move_id, None)  # source: nothing to undo, it stayed authoritative
+        slot = self.slots.get(req.move_id)
+        if slot is not None:
+            slot.fail("rolled back")
+            self._drop(req.move_id)
+        return SlotDone(manifest=sent)
+
+    def _slot(self, req: SlotRequest) -> ShadowSlot:
+        slot = self.slots.get(req.move_id)
+        if slot is None or slot.session_id != req.session_id:
+            raise NotFound(f"no staged move {req.move_id} for session {req.session_id}", move_id=req.move_id)
+        return slot
+
+    def _drop(self, move_id: str) -> None:
+        slot = self.slots.pop(move_id, None)
+        if slot is not None:
+            self.tokens.pop(slot.token, None)
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for move_id, slot in list(self.slots.items()):
+                if now > slot.expires_at:
+                    slot.fail("lease expired")
+                    self._drop(move_id)
+                    log.info("slot_expired", session_id=slot.session_id, move_id=move_id)
+
+
+_REQUESTS = {"register_state": RegisterState, "admit": AdmitMove, "migrate": Migrate, "verify": SlotRequest,
+             "commit": SlotRequest, "rollback": SlotRequest}

@@ -1,0 +1,158 @@
+"""The shadow slot: where an incoming copy is staged on the destination, apart from the live state.
+
+A slot moves one way through its states and only a `VerifiedState` (built by
+`verify` from a full re-fingerprint that matched the manifest) can be
+installed, so a half-migrated state has no representation the host could make
+live: until `commit`, the host's live tree is never touched; after a failure
+the slot is dropped whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from libs.errors import BadRequest, Conflict, IntegrityError, TooLarge
+from libs.motion import crc, manifest
+from libs.schemas.motion import Manifest
+
+
+class SlotState(Enum):
+    ARMED = "armed"  # admitted, token issued, no bytes yet
+    RECEIVING = "receiving"
+    RECEIVED = "received"  # every chunk arrived and matched its CRC
+    VERIFIED = "verified"
+    FAILED = "failed"
+
+
+def chunks_of(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    return [(off, min(chunk_bytes, nbytes - off)) for off in range(0, nbytes, chunk_bytes)]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedState:
+    """A staged copy whose bytes re-fingerprinted to `manifest`; the only thing `commit` installs."""
+
+    tree: dict
+    manifest: Manifest
+
+
+class ShadowSlot:
+    def __init__(self, session_id: str, move_id: str, token: str, state_bytes: int, device: torch.device,
+                 lease_s: float) -> None:
+        self.session_id, self.move_id, self.token = session_id, move_id, token
+        self.state_bytes = state_bytes
+        self.device = device
+        self.expires_at = time.monotonic() + lease_s
+        self.state = SlotState.ARMED
+        self.reason = ""
+        self.layout: Manifest | None = None
+        self.chunk_bytes = 0
+        self.tensors: list[torch.Tensor] = []
+        self.flats: list[torch.Tensor] = []
+        self.chunk_crcs: list[list[int | None]] = []
+        self.verified: VerifiedState | None = None
+        self.done = asyncio.Event()  # set once RECEIVED or FAILED
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() > self.expires_at
+
+    def open(self, layout: Manifest, chunk_bytes: int) -> None:
+        """Allocate the staged tensors for `layout`; refuses a layout larger than what was admitted."""
+        if self.state is not SlotState.ARMED:
+            raise Conflict(f"slot for move {self.move_id} is {self.state.value}, not armed", move_id=self.move_id)
+        if layout.session_id != self.session_id:
+            raise BadRequest("layout is for another session", session_id=layout.session_id)
+        if layout.total_bytes != self.state_bytes:
+            raise TooLarge(f"layout holds {layout.total_bytes} bytes, admitted {self.state_bytes}",
+                           move_id=self.move_id)
+        if not 0 < chunk_bytes <= 1 << 30:
+            raise BadRequest(f"chunk_bytes {chunk_bytes} out of range")
+        meta = [(leaf.dtype, list(leaf.shape)) for leaf in layout.leaves]
+        if sum(leaf.nbytes for leaf in layout.leaves) != layout.total_bytes or \
+                manifest.topology([leaf.path for leaf in layout.leaves], meta) != layout.topology:
+            raise BadRequest("layout is inconsistent with its topology", move_id=self.move_id)
+        for leaf in layout.leaves:
+            t = torch.empty(leaf.shape, dtype=manifest.dtype_of(leaf.dtype), device=self.device)
+            if t.numel() * t.element_size() != leaf.nbytes:
+                raise BadRequest(f"leaf {leaf.path}: nbytes does not match shape×dtype", path=leaf.path)
+            self.tensors.append(t)
+            self.flats.append(crc.byte_view(t))
+            self.chunk_crcs.append([None] * len(chunks_of(leaf.nbytes, chunk_bytes)))
+        self.layout, self.chunk_bytes = layout, chunk_bytes
+        self.state = SlotState.RECEIVING
+
+    def region(self, leaf: int, offset: int, length: int) -> torch.Tensor:
+        """The staged bytes a chunk may write; anything outside the layout's chunk grid is refused."""
+        if self.state is not SlotState.RECEIVING:
+            raise Conflict(f"slot is {self.state.value}, not receiving", move_id=self.move_id)
+        if not 0 <= leaf < len(self.flats):
+            raise IntegrityError(f"chunk for leaf {leaf} of {len(self.flats)}", move_id=self.move_id)
+        nbytes = self.flats[leaf].numel()
+        if offset % self.chunk_bytes or offset >= max(nbytes, 1) or length != min(self.chunk_bytes, nbytes - offset):
+            raise IntegrityError(f"chunk at leaf {leaf} offset {offset} length {length} is off the chunk grid",
+                                 move_id=self.move_id)
+        return self.flats[leaf][offset:offset + length]
+
+    def record(self, leaf: int, offset: int, staged_crc: int) -> None:
+        self.chunk_crcs[leaf][offset // self.chunk_bytes] = staged_crc
+
+    def finish(self) -> int:
+        """Every chunk arrived: the digest of the staged leaf CRCs (combined from the chunk CRCs)."""
+        if self.state is not SlotState.RECEIVING:
+            raise Conflict(f"slot is {self.state.value}, not receiving", move_id=self.move_id)
+        missing = sum(c is None for crcs in self.chunk_crcs for c in crcs)
+        if missing:
+            raise IntegrityError(f"{missing} chunks never arrived", move_id=self.move_id)
+        self.state = SlotState.RECEIVED
+        self.done.set()
+        return staged_digest(self.staged_leaf_crcs())
+
+    def staged_leaf_crcs(self) -> list[int]:
+        out = []
+        for flat, crcs in zip(self.flats, self.chunk_crcs, strict=True):
+            lengths = [n for _, n in chunks_of(flat.numel(), self.chunk_bytes)]
+            out.append(crc.combine_all(crcs, lengths))  # type: ignore[arg-type]
+        return out
+
+    def fail(self, reason: str) -> None:
+        if self.state is SlotState.VERIFIED:
+            return
+        if self.state is not SlotState.FAILED:
+            self.state, self.reason = SlotState.FAILED, reason
+        self.tensors, self.flats = [], []  # the staged bytes are dropped at once
+        self.done.set()
+
+    async def verify(self, expected: Manifest, *, full: bool = True) -> VerifiedState:
+        """Fingerprint the staged copy and bind it to `expected`, or fail the slot.
+
+        `full`: re-read every staged byte (what `commit` does). Otherwise the leaf CRCs
+        come from the chunk CRCs the receiver computed over the staged memory as each
+        chunk landed; the slot takes no writes once received, so both describe the
+        same bytes.
+        """
+        if self.state not in (SlotState.RECEIVED, SlotState.VERIFIED):
+            raise Conflict(f"slot is {self.state.value}: {self.reason or 'nothing staged'}", move_id=self.move_id)
+        assert self.layout is not None
+        manifest.check_consistent(expected)
+        if expected.topology != self.layout.topology or expected.session_id != self.session_id:
+            self.fail("manifest does not match the staged layout")
+            raise IntegrityError(self.reason, move_id=self.move_id)
+        got = await manifest.leaf_crcs(self.tensors) if full else self.staged_leaf_crcs()
+        bad = [leaf.path for leaf, c in zip(expected.leaves, got, strict=True) if leaf.crc32c != c]
+        if bad:
+            self.fail(f"{len(bad)} leaves differ from the manifest (first: {bad[0]})")
+            raise IntegrityError(self.reason, move_id=self.move_id)
+        tree = manifest.unflatten(expected.control, self.tensors)
+        self.verified = VerifiedState(tree=tree, manifest=expected)
+        self.state = SlotState.VERIFIED
+        return self.verified
+
+
+def staged_digest(leaf_crcs: list[int]) -> int:
+    return crc.crc(b"".join(c.to_bytes(4, "little") for c in leaf_crcs))

@@ -1,0 +1,129 @@
+"""The six verbs over NATS between two real endpoints: TCP and in-process, stop-and-copy and pre-copy, codecs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from libs import bus, names
+from libs.errors import Conflict, NotFound
+from libs.motion import transport
+from libs.motion.endpoint import MotionEndpoint
+from libs.schemas.motion import (
+    AdmitMove,
+    AdmitVerdict,
+    Manifest,
+    Migrate,
+    MigrateResult,
+    RegisterState,
+    SlotDone,
+    SlotRequest,
+    Verified,
+)
+from tests.motion.dicthost import DictHost, make_tree, tree_bytes
+
+
+@pytest.fixture
+async def pair(nc):
+    a, b = DictHost(), DictHost()
+    ea, eb = MotionEndpoint(nc, "a", a), MotionEndpoint(nc, "b", b)
+    await ea.start()
+    await eb.start()
+    yield a, b, ea, eb
+    await ea.stop()
+    await eb.stop()
+
+
+def verb(host: str, name: str) -> str:
+    return names.engine_subject(host, name)
+
+
+async def admit(nc, m: Manifest, move_id: str, **kw) -> AdmitVerdict:
+    req = dict(session_id=m.session_id, move_id=move_id, state_bytes=m.total_bytes, dirty_rate_bps=0.0,
+               horizon_s=10.0, bandwidth_bps=1e9) | kw
+    return await bus.request(nc, verb("b", "admit"), AdmitMove(**req), AdmitVerdict)
+
+
+async def migrate(nc, v: AdmitVerdict, move_id: str, **kw) -> MigrateResult:
+    req = dict(session_id="s", move_id=move_id, dest_host="b", dest_addr=v.data_addr, token=v.token,
+               chunk_bytes=32 << 10) | kw
+    return await bus.request(nc, verb("a", "migrate"), Migrate(**req), MigrateResult, timeout_s=30)
+
+
+async def finish(nc, move_id: str, m: Manifest) -> None:
+    slot = SlotRequest(session_id="s", move_id=move_id, manifest=m)
+    assert (await bus.request(nc, verb("b", "verify"), slot, Verified)).ok
+    await bus.request(nc, verb("b", "commit"), slot, SlotDone)
+    await bus.request(nc, verb("a", "commit"), SlotRequest(session_id="s", move_id=move_id), SlotDone)
+
+
+@pytest.mark.parametrize("path,codec,planes", [("tcp", "none", False), ("tcp", "zstd", True), ("tcp", "lz4", False),
+                                               ("inprocess", "none", False)])
+async def test_stop_and_copy_installs_the_exact_bytes(nc, pair, path, codec, planes):
+    a, b, _, eb = pair
+    a.add("s", make_tree(11), b"desc")
+    want = tree_bytes(a.trees["s"])
+    if path == "tcp":
+        transport.local_receivers.pop(eb.data_addr)
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
+    v = await admit(nc, m, "m1")
+    assert v.admissible and len(v.token) == 32
+    r = await migrate(nc, v, "m1", codec=codec, byte_planes=planes)
+    assert r.manifest.fingerprint == m.fingerprint and r.rounds == [1.0]
+    if codec != "none":
+        assert r.wire_bytes < m.total_bytes  # bf16/fp16 planes and int64 tokens compress
+    assert b.installs == 0 and "s" not in b.trees  # staged only, nothing live yet
+    await finish(nc, "m1", r.manifest)
+    assert tree_bytes(b.trees["s"]) == want and b.descriptors["s"] == b"desc" and "s" not in a.trees
+
+
+async def test_precopy_converges_while_the_session_keeps_generating(nc, pair):
+    a, b, _, eb = pair
+    a.add("s", make_tree(12, leaf_bytes=256 << 10))
+    transport.local_receivers.pop(eb.data_addr)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(a.run("s", stop, block_s=0.01))
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
+    v = await admit(nc, m, "m2", dirty_rate_bps=1e6)
+    r = await migrate(nc, v, "m2", mode="precopy", round_cap=3, converge_fraction=0.0)
+    stop.set()
+    blocks = await runner
+    assert blocks > 0 and r.rounds[0] == 1.0 and 2 <= len(r.rounds) <= 4
+    assert all(0.0 <= f <= 1.0 for f in r.rounds)
+    # The final frozen round's manifest is the state at the freeze; the session has run on since.
+    assert r.manifest.fingerprint != m.fingerprint
+    await finish(nc, "m2", r.manifest)
+    assert (await bus.request(nc, verb("b", "register_state"), RegisterState(session_id="s"), Manifest)
+            ).fingerprint == r.manifest.fingerprint
+
+
+async def test_verbs_in_the_wrong_state_are_typed_errors_and_change_nothing(nc, pair):
+    a, b, ea, eb = pair
+    a.add("s", make_tree(13))
+    with pytest.raises(NotFound):
+        await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="nope"), Manifest)
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
+    v = await admit(nc, m, "m3")
+    again = await admit(nc, m, "m3b")
+    assert not again.admissible and "already staged" in again.reason
+    slot = SlotRequest(session_id="s", move_id="m3", manifest=m)
+    ok = await bus.request(nc, verb("b", "verify"), slot, Verified)  # nothing arrived yet
+    assert not ok.ok and "nothing staged" in ok.reason
+    r = await migrate(nc, v, "m3")
+    with pytest.raises(Conflict):
+        await migrate(nc, v, "m3")  # the same move cannot be sent twice
+    await bus.request(nc, verb("b", "rollback"), slot, SlotDone)
+    await bus.request(nc, verb("a", "rollback"), SlotRequest(session_id="s", move_id="m3"), SlotDone)
+    with pytest.raises(NotFound):
+        await bus.request(nc, verb("b", "commit"), SlotRequest(session_id="s", move_id="m3", manifest=r.manifest),
+                          SlotDone)
+    assert b.installs == 0 and "s" in a.trees and not eb.slots and not ea.outgoing
+
+
+async def test_inadmissible_move_arms_nothing(nc, pair):
+    a, _, _, eb = pair
+    a.add("s", make_tree(14))
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
+    v = await admit(nc, m, "m4", horizon_s=1e-5)
+    assert not v.admissible and "horizon" in v.reason and not v.token and not eb.slots
