@@ -10,6 +10,7 @@ one-time token, verify, commit = re-verify and install, rollback = drop the slot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 
@@ -64,6 +65,7 @@ class MotionEndpoint:
         self.tokens: dict[str, ShadowSlot] = {}  # one-time data-plane tokens -> slot
         self.outgoing: dict[str, Manifest] = {}  # move_id -> manifest this host sent
         self.committed: dict[str, Manifest] = {}  # move_id -> manifest installed here (idempotent commit)
+        self.frozen: dict[str, tuple[contextlib.AsyncExitStack, float]] = {}  # move_id -> (held boundary, until)
         self._subs: list[Subscription] = []
         self._reaper: asyncio.Task | None = None
 
@@ -88,6 +90,8 @@ class MotionEndpoint:
         if self._reaper:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
+        for move_id in list(self.frozen):
+            await self._thaw(move_id)
         await self.data.stop()
         for slot in self.slots.values():
             slot.fail("endpoint stopped")
@@ -130,14 +134,27 @@ class MotionEndpoint:
 
         opts = SendOptions(mode=req.mode, round_cap=max(1, req.round_cap),
                            converge_fraction=req.converge_fraction, chunk_bytes=req.chunk_bytes)
+        hold = contextlib.AsyncExitStack()
         try:
             async with asyncio.timeout(req.deadline_s):
-                result = await send_state(self.host, req.session_id, open_channel, opts, tier=self.tier)
+                result = await send_state(self.host, req.session_id, open_channel, opts, hold, tier=self.tier)
         except TimeoutError:
+            await hold.aclose()
             raise Timeout(f"move {req.move_id} did not finish within {req.deadline_s}s",
                           move_id=req.move_id) from None
+        except BaseException:
+            await hold.aclose()
+            raise
+        # The session stays frozen until the move is decided (commit drops it, rollback resumes it),
+        # or until the move's horizon has certainly passed if no coordinator ever says.
+        self.frozen[req.move_id] = (hold, time.monotonic() + req.deadline_s + SLOT_GRACE_S)
         self.outgoing[req.move_id] = result.manifest
         return result
+
+    async def _thaw(self, move_id: str) -> None:
+        held = self.frozen.pop(move_id, None)
+        if held is not None:
+            await held[0].aclose()
 
     # -------------------------------------------------------------- destination side
 
@@ -184,7 +201,12 @@ class MotionEndpoint:
         if req.move_id in self.committed:
             return SlotDone(manifest=self.committed[req.move_id])
         if req.move_id in self.outgoing:  # source: the destination holds the state now
-            await self.host.drop_session(req.session_id)
+            try:
+                await self.host.drop_session(req.session_id)
+            except NotFound:
+                pass  # already gone (e.g. closed after its lease was revoked)
+            finally:
+                await self._thaw(req.move_id)
             return SlotDone(manifest=self.outgoing.pop(req.move_id))
         slot = self._slot(req)
         if req.manifest is None:
@@ -200,6 +222,7 @@ class MotionEndpoint:
         if req.move_id in self.committed:
             raise Conflict(f"move {req.move_id} is committed here", move_id=req.move_id)
         sent = self.outgoing.pop(req.move_id, None)  # source: nothing to undo, it stayed authoritative
+        await self._thaw(req.move_id)
         slot = self.slots.get(req.move_id)
         if slot is not None:
             slot.fail("rolled back")
@@ -226,6 +249,11 @@ class MotionEndpoint:
                     slot.fail("lease expired")
                     self._drop(move_id)
                     log.info("slot_expired", session_id=slot.session_id, move_id=move_id)
+            for move_id, (_, until) in list(self.frozen.items()):
+                if now > until:  # no coordinator decided the move: the source stays authoritative and runs on
+                    self.outgoing.pop(move_id, None)
+                    await self._thaw(move_id)
+                    log.warning("freeze_expired", move_id=move_id)
 
 
 _REQUESTS = {"register_state": RegisterState, "admit": AdmitMove, "migrate": Migrate, "verify": SlotRequest,

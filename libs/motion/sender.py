@@ -11,6 +11,7 @@ boundary and its CRCs, taken under the freeze, define the manifest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -103,7 +104,11 @@ def _flat_now(host: StateHost, session_id: str, topology: int | None) -> manifes
 
 
 async def send_state(host: StateHost, session_id: str, open_channel: OpenChannel, opts: SendOptions,
-                     tier: str = "T0") -> MigrateResult:
+                     hold: contextlib.AsyncExitStack, tier: str = "T0") -> MigrateResult:
+    """Send the session's state; the final round runs under the session's block boundary, which is
+    entered on `hold` and stays held when this returns: the caller releases it once the move is
+    decided (the source stays frozen through verify, commit and the ownership handoff, so it never
+    runs a block the destination will not continue from)."""
     started = time.monotonic()
     rounds: list[float] = []
     ch: Channel | None = None
@@ -128,25 +133,25 @@ async def send_state(host: StateHost, session_id: str, open_channel: OpenChannel
                 fresh = await send_chunks(ch, flat, [chunks[i] for i in dirty], bounce=True)
                 for i, value in zip(dirty, fresh, strict=True):
                     sent[i] = value
-        async with host.block_boundary(session_id):
-            frozen = time.monotonic()
-            flat = _flat_now(host, session_id, topo)
-            descriptor = host.session_descriptor(session_id)
-            chunks = chunk_grid(flat, opts.chunk_bytes)
-            if ch is None:
-                layout = manifest.build(session_id, flat, [0] * len(flat.tensors), tier=tier)
-                ch = await open_channel(layout)
-                final = await send_chunks(ch, flat, chunks, bounce=False)
-                rounds.append(1.0)
-            else:
-                assert sent is not None
-                final = await chunk_crcs(flat, chunks)
-                dirty = [i for i, (a, b) in enumerate(zip(final, sent, strict=True)) if a != b]
-                rounds.append(len(dirty) / max(len(chunks), 1))
-                await send_chunks(ch, flat, [chunks[i] for i in dirty], bounce=False)
-            leaf_crcs = leaf_crcs_from_chunks(flat, chunks, final)
-            digest = await ch.finish()
-            freeze_s = time.monotonic() - frozen
+        await hold.enter_async_context(host.block_boundary(session_id))
+        frozen = time.monotonic()
+        flat = _flat_now(host, session_id, topo)
+        descriptor = host.session_descriptor(session_id)
+        chunks = chunk_grid(flat, opts.chunk_bytes)
+        if ch is None:
+            layout = manifest.build(session_id, flat, [0] * len(flat.tensors), tier=tier)
+            ch = await open_channel(layout)
+            final = await send_chunks(ch, flat, chunks, bounce=False)
+            rounds.append(1.0)
+        else:
+            assert sent is not None
+            final = await chunk_crcs(flat, chunks)
+            dirty = [i for i, (a, b) in enumerate(zip(final, sent, strict=True)) if a != b]
+            rounds.append(len(dirty) / max(len(chunks), 1))
+            await send_chunks(ch, flat, [chunks[i] for i in dirty], bounce=False)
+        leaf_crcs = leaf_crcs_from_chunks(flat, chunks, final)
+        digest = await ch.finish()
+        freeze_s = time.monotonic() - frozen
         if digest != staged_digest(leaf_crcs):
             raise IntegrityError("the receiver staged different bytes than were sent", session_id=session_id)
         m = manifest.build(session_id, flat, leaf_crcs, tier=tier, descriptor=descriptor)

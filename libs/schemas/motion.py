@@ -165,3 +165,4 @@ class MoveStarted(Msg):
     dest: str
     lease_s: float
     at: float
+    owner_version: int = 0  # fence's version of the source's ownership at the start (0: not fenced)

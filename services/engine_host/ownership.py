@@ -9,6 +9,7 @@ For every assignment to this host that the log still shows as the latest:
 A revoked host never takes another item. If the session was closed, it shuts it down in
 order; if it was assigned elsewhere, it stops taking input and leaves the copy to the mover
 (which drops it after the move commits) or, when nothing moves it, closes it after a grace.
+A copy a move installed here that fence never assigns here is closed after a grace too.
 Periodic checkpoints go through the checkpoint store and are recorded at fence, so a
 replacement can restore instead of replaying from the seed.
 """
@@ -58,6 +59,13 @@ class Ownership:
         self.serving: dict[str, asyncio.Task] = {}
 
     async def run(self) -> None:
+        sweeper = asyncio.create_task(self._sweep_orphans(), name="sweep-orphans")
+        try:
+            await self._take_assignments()
+        finally:
+            sweeper.cancel()
+
+    async def _take_assignments(self) -> None:
         async for notice in self.client.assignments():
             previous = self.serving.get(notice.session_id)
             if previous is not None and not previous.done():
@@ -147,6 +155,19 @@ class Ownership:
         await asyncio.sleep(self.orphan_grace_s)
         if sid in self.runtime.sessions and self.client.lease(sid) is None:
             await self._close(sid, drain=False)
+
+    async def _sweep_orphans(self) -> None:
+        """A moved-in copy that fence never assigns here (the hand-over lost a race) is closed:
+        seen unassigned on two sweeps in a row, it has waited at least one grace period."""
+        seen: set[str] = set()
+        while True:
+            await asyncio.sleep(self.orphan_grace_s)
+            orphans = {sid for sid, s in self.runtime.sessions.items()
+                       if s.origin == "moved" and sid not in self.serving and self.client.lease(sid) is None}
+            for sid in orphans & seen:
+                log.warning("orphan_closed", session_id=sid)
+                await self._close(sid, drain=False)
+            seen = orphans - seen
 
     async def _close(self, sid: str, *, drain: bool) -> None:
         with contextlib.suppress(NotFound):

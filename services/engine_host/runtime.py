@@ -92,6 +92,7 @@ class Session:
     last_end: float = 0.0
     waiters: list[tuple[int, asyncio.Future]] = field(default_factory=list)
     checkpoint_key: str = ""
+    origin: str = "opened"  # "moved": installed by a committed move, waiting for fence to assign it here
 
     @property
     def sid(self) -> str:
@@ -434,6 +435,7 @@ class EngineRuntime:
             if not SID_RE.match(session_id):
                 raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=session_id)
             s = await self._admit(spec, backend, tree)
+            s.origin = "moved"
             _take_progress(s, d, pending)  # no await since _admit: no block can have run yet
             return
         if s.status != "running" or s.shape != self.shape_of(backend):

@@ -19,6 +19,7 @@ from libs.checkpoint import CheckpointStore
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
 from libs.errors import Timeout
 from libs.fence.client import EngineClient
+from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.base import Msg, encode
 from libs.schemas.common import EngineEntry, ProfileRow
 from libs.schemas.engine import (
@@ -54,6 +55,7 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     torch_threads: Annotated[int, msgspec.Meta(ge=0)] = 0
     checkpoint_every_s: PositiveFloat = 10.0  # fenced sessions are checkpointed this often (for failover)
     orphan_grace_s: PositiveFloat = 5.0  # a copy assigned away and not moved is closed after this long
+    data_bind: str = "127.0.0.1:0"  # the mover's TCP data plane (host:port; port 0 picks one)
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -120,6 +122,8 @@ class EngineHostService(Service):
             # holds up another session's verbs.
             for _ in range(cfg.verb_concurrency):
                 await bus.serve(self.nc, subject, req_type, self._traced(verb, handler), queue=f"engine.{verb}")
+        self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind)
+        self.data_addr = await self.motion.start()
         fence = EngineClient(self.nc, self.js, self.host_id)
         await fence.start()
         self.ownership = Ownership(fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
@@ -163,11 +167,12 @@ class EngineHostService(Service):
         entry = EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=total,
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
                             sessions=len(rt.sessions), profile=self.profile, busy_fraction=rt.busy_fraction(),
-                            state_bytes_resident=rt.state_bytes_resident())
+                            state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr)
         await self.engines_kv.put(self.host_id, encode(entry))
 
     async def teardown(self) -> None:
         await self.ownership.stop()
+        await self.motion.stop()
         await self.runtime.stop()
         try:
             await self.engines_kv.delete(self.host_id)

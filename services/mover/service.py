@@ -3,6 +3,10 @@
 Request `sf.mover.move` (MoveRequest) → MoveReceipt, once the move is over.
 Every request gets a receipt on `sf.mover.receipt.<session_id>` (stream
 SF_MOVES): committed, rolled_back (with the failing step's reason) or rejected.
+A fenced session moves only from its current owner, and a committed move hands
+ownership over exactly once: fence `assign`s the destination at the next version
+(compare-and-set against the version seen at the start), the destination claims,
+and only then does the source, frozen since the final round, drop its copy.
 A move is journalled in the `sf_moves_inflight` KV before it touches any host;
 a coordinator that starts and finds a journalled move closes it out (rollback,
 or finishing a commit the destination already made) and publishes its receipt.
@@ -20,6 +24,8 @@ import msgspec
 from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat
 from libs.errors import Conflict, IntegrityError, Rejected, StatefleetError, Timeout
+from libs.fence import log as fence_log
+from libs.fence.ownership import assign, read_owner
 from libs.schemas.base import decode, encode
 from libs.schemas.motion import (
     AdmitMove,
@@ -64,6 +70,7 @@ class MoverService(Service):
         await bus.ensure_stream(self.js, bus.StreamSpec(name=MOVES_STREAM, subjects=[f"{RECEIPT_PREFIX}.>"],
                                                         replicas=cfg.nats_replicas))
         self.journal = await bus.ensure_kv(self.js, INFLIGHT_BUCKET, replicas=cfg.nats_replicas)
+        await fence_log.provision(self.js, cfg.nats_replicas)  # ownership is read and written on fence's log
         await self.recover()
         await bus.serve(self.nc, MOVE_SUBJECT, MoveRequest, self.move, queue=self.name)
 
@@ -87,11 +94,12 @@ class MoverService(Service):
             receipt.predicted_s = decision.predicted_s
             if not decision.admitted:
                 raise Rejected(decision.reason)
+            owner_version = await self._owner_version(req)
             self.planner.begin(move_id, req)
             begun = True
             try:
-                await self._journal(move_id, req)
-                await self._drive(req, move_id, m, decision.bandwidth_bps, started, receipt)
+                await self._journal(move_id, req, owner_version)
+                await self._drive(req, move_id, m, decision.bandwidth_bps, started, receipt, owner_version)
             finally:
                 self.planner.end(move_id)
         except Rejected as e:
@@ -102,7 +110,7 @@ class MoverService(Service):
             receipt.outcome, receipt.reason = "rolled_back", f"{e.code}: {e.detail}"
             if await self._rollback(req, move_id) == "committed":  # only the commit's reply was lost
                 receipt.outcome, receipt.reason = "committed", f"destination had committed ({receipt.reason})"
-                await self._finish_commit(req, move_id)
+                await self._hand_over(req, move_id, owner_version)
         except Exception as e:  # a bug must still roll back and leave a receipt
             log.exception("move_failed")
             receipt.outcome, receipt.reason = "rolled_back", f"internal: {type(e).__name__}"
@@ -112,8 +120,17 @@ class MoverService(Service):
         log.info("move_done", outcome=receipt.outcome, reason=receipt.reason)
         return receipt
 
+    async def _owner_version(self, req: MoveRequest) -> int:
+        """Fence's version of the source's ownership; 0 for a session fence does not know."""
+        owner = (await read_owner(self.js, req.session_id)).view.owner
+        if owner is None:
+            return 0
+        if owner.server_id != req.source:
+            raise Rejected(f"{req.source} does not own the session ({owner.server_id} v{owner.version} does)")
+        return owner.version
+
     async def _drive(self, req: MoveRequest, move_id: str, m: Manifest, bandwidth_bps: float,
-                     started: float, receipt: MoveReceipt) -> None:
+                     started: float, receipt: MoveReceipt, owner_version: int) -> None:
         times = receipt.times
         left = lambda: req.deadline_s - (time.monotonic() - started)  # noqa: E731
         t = time.monotonic()
@@ -146,14 +163,28 @@ class MoverService(Service):
         t = time.monotonic()
         await self._verb(req.dest, "commit", slot, SlotDone, timeout_s=max(VERB_TIMEOUT_S, left()))
         receipt.outcome = "committed"  # the destination holds the state live: past the point of no return
-        # The ownership step (fence: assign the session to req.dest, which then claims) goes here,
-        # exactly once per committed move, before the source releases its copy.
         self.planner.observe(req.source, req.dest, result.wire_bytes, result.transfer_s)
         try:
-            await self._finish_commit(req, move_id)
-        except StatefleetError as e:  # the journal entry stays: a restarted coordinator finishes the release
-            receipt.reason = f"committed; source release pending: {e.detail}"
+            await self._hand_over(req, move_id, owner_version)
+        except Conflict as e:
+            # Fence moved the session elsewhere meanwhile: the destination's copy is unowned (its host
+            # closes it after a grace) and the source thaws to do whatever fence says.
+            receipt.outcome, receipt.reason = "rolled_back", f"ownership changed during the move: {e.detail}"
+            await self._verb(req.source, "rollback", SlotRequest(session_id=req.session_id, move_id=move_id),
+                             SlotDone)
+            await self.journal.delete(move_id)
+        except StatefleetError as e:  # the journal entry stays: a restarted coordinator finishes the hand-over
+            receipt.reason = f"committed; hand-over pending: {e.detail}"
         times.commit_s = time.monotonic() - t
+
+    async def _hand_over(self, req: MoveRequest, move_id: str, owner_version: int) -> None:
+        """After the destination committed: fence assigns it (once), then the source drops its copy."""
+        if owner_version:
+            owner = (await read_owner(self.js, req.session_id)).view.owner
+            done = owner is not None and (owner.server_id, owner.version) == (req.dest, owner_version + 1)
+            if not done:
+                await assign(self.nc, self.js, req.session_id, req.dest, expect_version=owner_version)
+        await self._finish_commit(req, move_id)
 
     async def _finish_commit(self, req: MoveRequest, move_id: str) -> None:
         """After the destination committed: the source releases its copy; the journal entry goes."""
@@ -182,9 +213,9 @@ class MoverService(Service):
 
     # -------------------------------------------------------------- journal, recovery, receipts
 
-    async def _journal(self, move_id: str, req: MoveRequest) -> None:
+    async def _journal(self, move_id: str, req: MoveRequest, owner_version: int) -> None:
         started = MoveStarted(move_id=move_id, session_id=req.session_id, source=req.source, dest=req.dest,
-                              lease_s=req.deadline_s, at=time.time())
+                              lease_s=req.deadline_s, at=time.time(), owner_version=owner_version)
         await self.journal.put(move_id, encode(started))
 
     async def recover(self) -> None:
@@ -203,7 +234,7 @@ class MoverService(Service):
                                   reason="coordinator restarted mid-move", at=time.time())
             try:
                 if await self._rollback(req, started.move_id) == "committed":  # committed before the crash
-                    await self._finish_commit(req, started.move_id)
+                    await self._hand_over(req, started.move_id, started.owner_version)
                     receipt.outcome, receipt.reason = "committed", "completed by a restarted coordinator"
             except StatefleetError as e:
                 receipt.reason += f"; source release failed ({e.detail}), retried at the next start"

@@ -107,13 +107,16 @@ class DictHost:
 
     async def step(self, session_id: str) -> bytes:
         async with self.block_boundary(session_id):
-            return advance(self.trees[session_id])
+            return advance(self.state_tree(session_id))
 
     async def run(self, session_id: str, stop: asyncio.Event, block_s: float = 0.002) -> int:
         """Generate blocks until `stop` (the session keeps running during pre-copy); returns blocks made."""
         n = 0
         while not stop.is_set() and session_id in self.trees:
-            await self.step(session_id)
+            try:
+                await self.step(session_id)
+            except NotFound:  # moved away while we waited at the boundary
+                break
             n += 1
             await asyncio.sleep(block_s)
         return n

@@ -87,13 +87,18 @@ async def test_precopy_converges_while_the_session_keeps_generating(nc, pair):
     m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
     v = await admit(nc, m, "m2", dirty_rate_bps=1e6)
     r = await migrate(nc, v, "m2", mode="precopy", round_cap=3, converge_fraction=0.0)
+    assert r.rounds[0] == 1.0 and 2 <= len(r.rounds) <= 4
+    assert all(0.0 <= f <= 1.0 for f in r.rounds)
+    # The session ran on during pre-copy; the final round's manifest is the state at the freeze ...
+    assert r.manifest.fingerprint != m.fingerprint
+    # ... and the source stays frozen there until the move is decided: no block runs meanwhile.
+    cursor = a.trees["s"]["control"]["cursor"]
+    await asyncio.sleep(0.1)
+    assert a.trees["s"]["control"]["cursor"] == cursor
+    await finish(nc, "m2", r.manifest)
     stop.set()
     blocks = await runner
-    assert blocks > 0 and r.rounds[0] == 1.0 and 2 <= len(r.rounds) <= 4
-    assert all(0.0 <= f <= 1.0 for f in r.rounds)
-    # The final frozen round's manifest is the state at the freeze; the session has run on since.
-    assert r.manifest.fingerprint != m.fingerprint
-    await finish(nc, "m2", r.manifest)
+    assert blocks > 0 and "s" not in a.trees
     assert (await bus.request(nc, verb("b", "register_state"), RegisterState(session_id="s"), Manifest)
             ).fingerprint == r.manifest.fingerprint
 
