@@ -1,4 +1,4 @@
-"""`statefleet` command line: up, serve, status, engines."""
+"""`statefleet` command line: up, serve, status, engines, admit-calc, session."""
 
 from __future__ import annotations
 
@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_argument("--codec-ratio", type=float, default=1.0, help="codec wire/state ratio r (1: no codec)")
     calc.add_argument("--codec-ms", type=float, default=0.0, help="codec time Y")
     calc.set_defaults(func=_admit_calc)
+
+    from statefleet import session
+
+    session.add_parser(sub)
     return p
 
 

@@ -1,0 +1,159 @@
+"""The whole loop on a real nats-server: HTTP create → admission → placement → fence assign → the
+engine host claims → input through fence's ingress → output over the egress WebSocket; then a
+move in the middle of the stream (`statefleet session move`), after which the session continues
+on the other host byte-identical to an unmigrated control, while a perturbed control diverges."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+import torch
+
+from libs import bus, names
+from libs.fence.ownership import read_owner
+from libs.schemas.base import decode
+from libs.schemas.engine import Advance, OutputChunk, SessionInfo
+from services.admission.service import AdmissionConfig, AdmissionService
+from services.engine_host.backends import AvatarBackend, advance
+from services.engine_host.output import assemble
+from services.engine_host.service import EngineHostConfig, EngineHostService
+from services.fence.service import FenceConfig, FenceService
+from services.mover.service import MoverConfig, MoverService
+from services.placement.service import PlacementConfig, PlacementService
+
+SEED, PROMPT, TIER = 11, "a calm narrator", 8
+# C3 bulk: blocks run when asked (`advance`), so which items fold into which block is exact.
+CONTRACT = {"session_class": "C3", "quality_floor": 1, "determinism": "T0"}
+
+
+@pytest.fixture
+async def fleet(nats_server, tmp_path):
+    url = nats_server.url
+    quiet = dict(nats_url=url, log_json=False, heartbeat_s=0.5)
+    fence = FenceService(FenceConfig(**quiet, http_port=0))
+    await fence.start()
+    services = [fence, PlacementService(PlacementConfig(**quiet)), MoverService(MoverConfig(**quiet))]
+    for svc in services[1:]:
+        await svc.start()
+    hosts = [EngineHostService(EngineHostConfig(**quiet, host_id=h, profile_blocks=1, checkpoint_every_s=60.0,
+                                                checkpoint_dir=str(tmp_path / "ckpt"), torch_threads=1))
+             for h in ("e0", "e1")]
+    for h in hosts:
+        await h.start()
+    admission = AdmissionService(AdmissionConfig(**quiet, http_port=0,
+                                                 ingress_url=f"http://127.0.0.1:{fence.http_port}"))
+    await admission.start()
+    for _ in range(200):  # admission sees both engine hosts' heartbeats
+        if len(admission._live()) == 2:
+            break
+        await asyncio.sleep(0.05)
+    yield admission, {h.host_id: h for h in hosts}
+    for svc in [admission, *hosts, *reversed(services)]:
+        await svc.stop()
+
+
+async def wait_for(fn, timeout_s: float = 20.0):
+    for _ in range(int(timeout_s / 0.05)):
+        if result := await fn():
+            return result
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def control_blocks(inputs_per_block: list[list[bytes]], perturb_after: int | None = None) -> list:
+    backend = AvatarBackend()
+    state = backend.init_state(SEED, PROMPT)
+    out = []
+    for i, inputs in enumerate(inputs_per_block, 1):
+        out.append(advance(backend, state, inputs, TIER))
+        if perturb_after == i:
+            leaf = next(v for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
+            leaf.view(-1)[0] += 1e-3
+    return out
+
+
+async def test_create_stream_move_and_continue_byte_identically(fleet, nc, tmp_path):
+    admission, hosts = fleet
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(f"http://127.0.0.1:{admission.http_port}/v1/sessions",
+                               json={"contract": CONTRACT, "backend": "avatar", "seed": SEED, "prompt": PROMPT})
+        assert resp.status == 201, await resp.text()
+        created = await resp.json()
+        sid, first = created["session_id"], created["host_id"]
+        auth = {"Authorization": f"Bearer {created['input_token']}"}
+        other = next(h for h in hosts if h != first)
+
+        async def claimed_by(host_id: str, version: int):
+            view = (await read_owner(nc.jetstream(), sid)).view
+            return view.claim == view.owner and view.owner is not None and \
+                (view.owner.server_id, view.owner.version) == (host_id, version)
+
+        await wait_for(lambda: claimed_by(first, 1))
+        got: list[OutputChunk] = []
+        ws = await http.ws_connect(created["output_ws_url"], headers=auth)
+        reader = asyncio.create_task(_read(ws, got))
+
+        async def say(text: str, host_id: str, cursor: int) -> None:
+            async with http.post(created["input_url"], json={"kind": "text", "data": text}, headers=auth) as r:
+                assert r.status == 200, await r.text()
+            await wait_for(lambda: _cursor_is(hosts[host_id], sid, cursor))
+
+        async def run_blocks(host_id: str, blocks: int) -> None:
+            await bus.request(nc, names.engine_subject(host_id, "advance"), Advance(session_id=sid, blocks=blocks),
+                              SessionInfo, timeout_s=60)
+
+        await say("hello there", first, 1)
+        await run_blocks(first, 2)
+
+        # the move, as a user runs it
+        env = {**os.environ, "SF_NATS_URL": nc.connected_url.geturl()}
+        moved = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "statefleet", "session", "move", sid,
+                                                         "--to", other, "--deadline-s", "20"],
+                                        capture_output=True, text=True, env=env, timeout=120)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        assert json.loads(moved.stdout)["outcome"] == "committed"
+        await wait_for(lambda: claimed_by(other, 2))
+        assert sid not in hosts[first].runtime.sessions  # the source let go
+
+        await say("general kenobi", other, 2)
+        await run_blocks(other, 2)
+        await wait_for(lambda: _blocks_received(got, 4))
+        reader.cancel()
+        await ws.close()
+
+        expected = control_blocks([[b"hello there"], [], [b"general kenobi"], []])
+        for block, out in enumerate(expected, 1):
+            for kind, tensor in (("frames", out.frames), ("audio", out.audio)):
+                parts = [c for c in got if c.block == block and c.kind == kind]
+                assert torch.equal(assemble(parts), tensor), f"block {block} {kind} differs from the control"
+        perturbed = control_blocks([[b"hello there"], [], [b"general kenobi"], []], perturb_after=2)
+        assert not torch.equal(perturbed[2].frames, expected[2].frames)
+
+        view = await (await http.get(f"http://127.0.0.1:{admission.http_port}/v1/sessions/{sid}")).json()
+        assert (view["owner_server_id"], view["owner_version"], view["claimed"]) == (other, 2, True)
+        assert (await http.delete(f"http://127.0.0.1:{admission.http_port}/v1/sessions/{sid}")).status == 204
+        await wait_for(lambda: _gone(hosts[other], sid))
+
+
+async def _read(ws, got: list[OutputChunk]) -> None:
+    async for msg in ws:
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            got.append(decode(msg.data, OutputChunk))
+
+
+async def _cursor_is(host: EngineHostService, sid: str, cursor: int) -> bool:
+    return sid in host.runtime.sessions and host.runtime.info(sid).input_cursor == cursor
+
+
+async def _blocks_received(got: list[OutputChunk], n: int) -> bool:
+    return {c.block for c in got} >= set(range(1, n + 1))
+
+
+async def _gone(host: EngineHostService, sid: str) -> bool:
+    return sid not in host.runtime.sessions
