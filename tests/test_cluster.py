@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
 import pytest
 
 from libs import bus
 
 pytestmark = pytest.mark.slow
+
+
+async def until_answered(op, attempts: int = 100):
+    for _ in range(attempts - 1):
+        try:
+            return await op()
+        except nats.errors.Error:
+            await asyncio.sleep(0.2)
+    return await op()
 
 
 async def test_replicated_stream_survives_one_node(nats_cluster):
@@ -27,15 +37,12 @@ async def test_replicated_stream_survives_one_node(nats_cluster):
         info = await js.stream_info("SF_R3")
         assert info.config.num_replicas == 3
         nats_cluster[2].kill()
-        # the stream may need a new leader: retry (with the same msg id, so a retry cannot duplicate)
-        for _ in range(50):
-            try:
-                ack = await js.publish("sf.r3.a", b"after", timeout=2, headers={"Nats-Msg-Id": "after-1"})
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
+        # Streams whose leader was on the dead node elect a new one and the client may be
+        # reconnecting: retry until the cluster answers (the msg id makes a retried publish land once).
+        ack = await until_answered(lambda: js.publish("sf.r3.a", b"after", timeout=2,
+                                                      headers={"Nats-Msg-Id": "after-1"}))
         assert ack.seq == 2
-        await kv.put("k", b"v")
-        assert (await kv.get("k")).value == b"v"
+        await until_answered(lambda: kv.put("k", b"v"))
+        assert (await until_answered(lambda: kv.get("k"))).value == b"v"
     finally:
         await nc.close()
