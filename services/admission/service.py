@@ -36,7 +36,8 @@ from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
 from libs.contracts import Demand, Guard
 from libs.errors import Busy, Conflict, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
-from libs.fence.ownership import assign, read_owner
+from libs.fence import core as fence_core
+from libs.fence.ownership import assign, read_owner, update_summary
 from libs.schemas.admission import (
     CreatedSession,
     CreateSession,
@@ -158,6 +159,9 @@ class AdmissionService(Service):
                               contract=encode(req.contract), tier=req.contract.quality_floor)
         reply = await bus.request(self.nc, "sf.fence.register", reg, RegisterReply,
                                   timeout_s=self.config.fence_timeout_s)
+        # what `statefleet status` shows about the session besides its owner (a hint)
+        await update_summary(self.js, session_id, fence_core.EMPTY, backend=req.backend,
+                             session_class=req.contract.session_class)
         return reply.token
 
     async def _close_at_fence(self, session_id: str, reason: str) -> None:
