@@ -19,6 +19,7 @@ from libs import bus, names
 from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
 from libs.schemas.engine import Advance, OutputChunk, SessionInfo
+from libs.schemas.motion import MoveReceipt, MoveRequest
 from services.admission.service import AdmissionConfig, AdmissionService
 from services.engine_host.backends import AvatarBackend, advance
 from services.engine_host.output import assemble
@@ -157,3 +158,20 @@ async def _blocks_received(got: list[OutputChunk], n: int) -> bool:
 
 async def _gone(host: EngineHostService, sid: str) -> bool:
     return sid not in host.runtime.sessions
+
+
+async def test_a_move_from_a_host_that_does_not_own_the_session_is_rejected(fleet, nc):
+    admission, hosts = fleet
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(f"http://127.0.0.1:{admission.http_port}/v1/sessions",
+                               json={"contract": CONTRACT, "backend": "avatar", "seed": SEED, "prompt": PROMPT})
+        created = await resp.json()
+    sid, owner = created["session_id"], created["host_id"]
+    other = next(h for h in hosts if h != owner)
+    await wait_for(lambda: _cursor_is(hosts[owner], sid, 0))
+    receipt = await bus.request(nc, "sf.mover.move", MoveRequest(session_id=sid, source=other, dest=owner,
+                                                                 deadline_s=5.0), MoveReceipt, timeout_s=30)
+    assert receipt.outcome == "rejected" and f"{other} does not own" in receipt.reason
+    view = (await read_owner(nc.jetstream(), sid)).view
+    assert (view.owner.server_id, view.owner.version) == (owner, 1)
+    assert sid in hosts[owner].runtime.sessions and sid not in hosts[other].runtime.sessions

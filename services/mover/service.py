@@ -84,7 +84,9 @@ class MoverService(Service):
         times = receipt.times
         started = time.monotonic()
         begun = False
+        owner_version = 0
         try:
+            owner_version = await self._owner_version(req)
             t = time.monotonic()
             m = await self._verb(req.source, "register_state", RegisterState(session_id=req.session_id,
                                                                              move_id=move_id), Manifest)
@@ -94,7 +96,6 @@ class MoverService(Service):
             receipt.predicted_s = decision.predicted_s
             if not decision.admitted:
                 raise Rejected(decision.reason)
-            owner_version = await self._owner_version(req)
             self.planner.begin(move_id, req)
             begun = True
             try:

@@ -132,3 +132,24 @@ async def test_inadmissible_move_arms_nothing(nc, pair):
     m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
     v = await admit(nc, m, "m4", horizon_s=1e-5)
     assert not v.admissible and "horizon" in v.reason and not v.token and not eb.slots
+
+
+async def test_source_stays_frozen_until_decided_and_thaws_by_itself_if_never(nc, pair, monkeypatch):
+    from libs.motion import endpoint as endpoint_mod
+
+    monkeypatch.setattr(endpoint_mod, "SLOT_GRACE_S", 0.2)
+    a, _, ea, _ = pair
+    a.add("s", make_tree(15))
+    stop = asyncio.Event()
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
+    v = await admit(nc, m, "m9")
+    await migrate(nc, v, "m9", deadline_s=0.5)
+    runner = asyncio.create_task(a.run("s", stop, block_s=0.005))
+    await asyncio.sleep(0.2)
+    assert a.trees["s"]["control"]["cursor"] == 0  # frozen: no coordinator has decided the move yet
+    for _ in range(100):  # the horizon (0.5 s) plus the grace passes: the source thaws and runs on
+        if a.trees["s"]["control"]["cursor"] > 0:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    assert await runner > 0 and not ea.frozen and "m9" not in ea.outgoing
