@@ -89,6 +89,7 @@ def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
 
         pongs = asyncio.run(ping_all())
         assert all(p.version and p.uptime_s >= 0 for p in pongs)
+        _session_round_trip(env, url_file.read_text().strip(), tmp_path)
 
         tree = _children_of(up.pid)
         assert len(tree) >= 7  # nats-server, 4 services, 2 engine hosts
@@ -101,6 +102,30 @@ def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
     finally:
         if up.poll() is None:
             up.kill()
+
+
+def _session_round_trip(env: dict, nats_url: str, tmp_path) -> None:
+    """A user's session on the supervised system: create, send, watch output, move, watch the owner rise."""
+    env = {**env, "SF_NATS_URL": nats_url, "SF_ADMISSION_URL": f"http://127.0.0.1:{env['SF_ADMISSION_HTTP_PORT']}"}
+    data = ["--data-dir", str(tmp_path / "client")]
+
+    def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "statefleet", "session", *args, *data], capture_output=True,
+                           text=True, timeout=timeout, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r
+
+    created = json.loads(run("create", "--backend", "avatar", "--period-ms", "100").stdout)
+    sid, first = created["session_id"], created["host_id"]
+    assert first in ("engine-0", "engine-1")
+    run("send", sid, "--data", "hello")
+    watched = run("watch", sid, "--blocks", "3", "--seconds", "30").stdout
+    assert f"owner {first} v1 claimed" in watched and watched.count(" block ") >= 3
+    other = "engine-1" if first == "engine-0" else "engine-0"
+    assert json.loads(run("move", sid, "--to", other).stdout)["outcome"] == "committed"
+    watched = run("watch", sid, "--blocks", "2", "--seconds", "30").stdout
+    assert f"owner {other} v2 claimed" in watched and watched.count(" block ") >= 2
+    run("delete", sid)
 
 
 @pytest.mark.slow
