@@ -72,6 +72,7 @@ class Ownership:
                 # A newer assignment to us supersedes the older lease; its task ends by revocation.
                 await asyncio.wait({previous}, timeout=5.0)
             task = asyncio.create_task(self._serve(notice), name=f"serve:{notice.session_id}")
+            task.add_done_callback(_log_crash)
             self.serving[notice.session_id] = task
 
     async def stop(self) -> None:
@@ -95,6 +96,11 @@ class Ownership:
         checkpoints = asyncio.create_task(self._checkpoint_loop(lease))
         try:
             await self._apply(lease)
+        except StatefleetError as e:
+            # The session failed here (a backend error closes it) or its input broke order: take no
+            # more input under this lease; fence re-releases from the claim cursor to whoever is next.
+            log.error("input_stopped", session_id=sid, version=version, code=e.code, detail=e.detail)
+            await lease.stop()
         finally:
             checkpoints.cancel()
             await asyncio.gather(checkpoints, return_exceptions=True)
@@ -191,3 +197,8 @@ class Ownership:
             if previous and previous != ref.key and self.runtime.checkpoints is not None:
                 with contextlib.suppress(StatefleetError):
                     await self.runtime.checkpoints.delete(previous)
+
+
+def _log_crash(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("serve_task_failed", task=task.get_name(), error=repr(task.exception()))
