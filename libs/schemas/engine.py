@@ -48,11 +48,6 @@ class RestoreSession(Msg):
     key: str
 
 
-class InputAck(Msg):
-    session_id: str
-    cursor: int  # the last input seq the session accepted
-
-
 class SessionInfo(Msg):
     session_id: str
     backend: str
