@@ -153,7 +153,14 @@ async def _cursor_is(host: EngineHostService, sid: str, cursor: int) -> bool:
 
 
 async def _blocks_received(got: list[OutputChunk], n: int) -> bool:
-    return {c.block for c in got} >= set(range(1, n + 1))
+    """Every part of both kinds (frames, audio) of blocks 1..n has arrived."""
+    seen = {(c.block, c.kind, c.part, c.parts) for c in got}
+    for block in range(1, n + 1):
+        for kind in ("frames", "audio"):
+            parts = {(p, total) for b, k, p, total in seen if (b, k) == (block, kind)}
+            if not parts or len(parts) != next(iter(parts))[1]:
+                return False
+    return True
 
 
 async def _gone(host: EngineHostService, sid: str) -> bool:

@@ -32,8 +32,6 @@ class Egress:
     async def handle(self, request: web.Request, token: str | None) -> web.StreamResponse:
         session_id = log.check_session_id(request.match_info["session_id"])
         await self.sessions.authenticate(session_id, token)
-        ws = web.WebSocketResponse(heartbeat=10.0)
-        await ws.prepare(request)
         queue: asyncio.Queue[bytes] = asyncio.Queue(self.max_buffered)
 
         async def on_chunk(msg) -> None:
@@ -42,7 +40,17 @@ class Egress:
                 _dropped.add(1)
             queue.put_nowait(msg.data)
 
+        # Subscribed and flushed before the handshake completes: a client that is told it is
+        # connected gets every chunk published from then on.
         sub = await self.nc.subscribe(names.output_subject(session_id), cb=on_chunk)
+        ws = web.WebSocketResponse(heartbeat=10.0)
+        try:
+            await self.nc.flush()
+            await ws.prepare(request)
+        except BaseException:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+            raise
         forward = asyncio.create_task(self._forward(ws, queue))
         try:
             async for _ in ws:  # the client only listens; reading notices its close
