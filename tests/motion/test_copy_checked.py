@@ -1,0 +1,47 @@
+"""The in-process copy checksums source and staged bytes piece by piece: both CRCs still cover every
+byte (any length, not only whole pieces), and a staged copy that differs from the source is refused."""
+
+from __future__ import annotations
+
+import crc32c
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libs.errors import IntegrityError
+from libs.motion import transport
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(min_value=1, max_value=3 * transport._PIECE_BYTES + 17), st.integers(0, 2**32 - 1))
+def test_piecewise_crcs_cover_every_byte(nbytes, seed):
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    dst = torch.empty_like(src)
+    src_crc, staged_crc = transport.copy_checked(dst, src)
+    assert torch.equal(dst, src)
+    assert src_crc == staged_crc == crc32c.crc32c(src.numpy())
+
+
+class _Slot:
+    """Just the two slot methods `copy_and_check` calls, over one flat leaf."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.flat, self.recorded = torch.zeros(nbytes, dtype=torch.uint8), {}
+
+    def region(self, leaf, offset, length):
+        return self.flat[offset:offset + length]
+
+    def record(self, leaf, offset, staged):
+        self.recorded[offset] = staged
+
+
+def test_a_staged_chunk_that_differs_from_the_senders_crc_is_refused_and_not_recorded():
+    src = torch.arange(1 << 20, dtype=torch.int32).view(torch.uint8)[: 1 << 20].clone()
+    slot = _Slot(src.numel())
+    wrong = crc32c.crc32c(src.numpy()) ^ 1
+    with pytest.raises(IntegrityError):
+        transport.copy_and_check(slot, 0, 0, src, wrong)
+    assert slot.recorded == {}
+    assert transport.copy_and_check(slot, 0, 0, src) == crc32c.crc32c(src.numpy())
+    assert slot.recorded == {0: crc32c.crc32c(src.numpy())}
