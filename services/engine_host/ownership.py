@@ -93,7 +93,7 @@ class Ownership:
         except StatefleetError as e:
             log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
             return
-        checkpoints = asyncio.create_task(self._checkpoint_loop(lease))
+        checkpoints = asyncio.create_task(self._checkpoint_loop(lease, meta.checkpoint_ref))
         try:
             await self._apply(lease)
         except StatefleetError as e:
@@ -180,20 +180,25 @@ class Ownership:
             await self.runtime.close(sid, drain=drain)
             log.info("session_closed", session_id=sid, drain=drain)
 
-    async def _checkpoint_loop(self, lease: Lease) -> None:
+    async def _checkpoint_loop(self, lease: Lease, recorded: str | None) -> None:
+        """`recorded`: the checkpoint fence points at (only this loop moves it while we hold the lease);
+        None when a failed round left that unknown, and fence is asked again."""
         sid = lease.session_id
         while not lease.revoked.is_set():
             await asyncio.sleep(self.checkpoint_every_s)
             if lease.revoked.is_set():
                 return
             try:
-                previous = (await self.client.meta(sid)).checkpoint_ref
+                if recorded is None:
+                    recorded = (await self.client.meta(sid)).checkpoint_ref
                 ref = await self.runtime.checkpoint(sid, delete_previous=False)
                 await self.client.checkpoint(sid, lease.owner.version, ref.key, ref.consumed_seq)
             except StatefleetError as e:  # the next round tries again; the recorded checkpoint still stands
                 log.warning("checkpoint_failed", session_id=sid, code=e.code, detail=e.detail)
+                recorded = None  # a lost reply may still have moved it
                 continue
             # Only once fence points at the new checkpoint may the one it pointed at go.
+            previous, recorded = recorded, ref.key
             if previous and previous != ref.key and self.runtime.checkpoints is not None:
                 with contextlib.suppress(StatefleetError):
                     await self.runtime.checkpoints.delete(previous)
