@@ -26,6 +26,7 @@ from libs.schemas.base import encode
 from libs.schemas.common import Ping, Pong, ServiceEntry
 
 VERSION = "0.1.0"
+STOP_STEP_TIMEOUT_S = 20.0
 
 
 class Service:
@@ -80,15 +81,23 @@ class Service:
 
     async def stop(self) -> None:
         self._stopping.set()
-        await self.teardown()
+        try:  # a stop that cannot finish must not hang the process (a supervisor would kill it anyway)
+            await asyncio.wait_for(self.teardown(), STOP_STEP_TIMEOUT_S)
+        except TimeoutError:
+            self.log.error("teardown_timed_out", timeout_s=STOP_STEP_TIMEOUT_S)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=STOP_STEP_TIMEOUT_S)
         try:
             await self._services_kv.delete(self._entry_key)
         except Exception as e:  # the entry expires by TTL anyway
             self.log.warning("service_entry_delete_failed", error=str(e))
-        await self.nc.drain()
+        try:
+            await asyncio.wait_for(self.nc.drain(), STOP_STEP_TIMEOUT_S)
+        except TimeoutError:
+            self.log.error("drain_timed_out", timeout_s=STOP_STEP_TIMEOUT_S)
+            await self.nc.close()
         self.log.info("service_stopped")
 
     async def run_until_signalled(self) -> None:
