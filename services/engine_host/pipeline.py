@@ -22,7 +22,6 @@ import asyncio
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ import structlog
 
 from libs.errors import Busy, Conflict, Internal, NotFound
 from libs.schemas.engine import PipelineCounters
+from services.engine_host import torch_threads
 
 log = structlog.get_logger("statefleet.engine_host.pipeline")
 
@@ -128,7 +128,7 @@ class _Actor:
         self.max_slots = max_slots
         self.slots: dict[str, _Slot] = {}
         self.quarantined: list[_Slot] = []
-        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage-{stage.name}")
+        self.thread = torch_threads.executor(f"stage-{stage.name}")
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

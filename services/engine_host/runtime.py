@@ -42,6 +42,7 @@ from libs.schemas.engine import (
     SessionMetrics,
 )
 from libs.telemetry import counter
+from services.engine_host import torch_threads
 from services.engine_host.backends import Backend, make_backend
 from services.engine_host.metrics import SessionStats
 from services.engine_host.output import chunks
@@ -133,6 +134,7 @@ class EngineRuntime:
         self.pipeline = Pipeline([Stage("encode", self._encode), Stage("denoise", self._denoise),
                                   Stage("decode", self._decode)], self._on_output,
                                  edge_capacity=edge_capacity, max_sessions=max_sessions)
+        self.work = torch_threads.executor("engine-work", workers=2)  # init, offload, snapshots, profile
         self._wake = asyncio.Event()
         self._in_flight = 0
         self._loop_task: asyncio.Task | None = None
@@ -158,6 +160,11 @@ class EngineRuntime:
             except Exception as e:  # counted by the pipeline; the other sessions still close
                 log.error("session_close_failed", session_id=sid, error=repr(e))
         await self.pipeline.shutdown()
+        self.work.shutdown(wait=False)
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run model or bulk tensor work off the event loop, on a thread with the host's torch threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.work, lambda: fn(*args, **kwargs))
 
     # ------------------------------------------------------------ backends and costs
 
@@ -222,7 +229,7 @@ class EngineRuntime:
 
     async def open(self, spec: OpenSession) -> SessionInfo:
         backend = self._validate_open(spec)
-        state = await asyncio.to_thread(backend.init_state, spec.seed, spec.prompt)
+        state = await self.in_thread(backend.init_state, spec.seed, spec.prompt)
         return (await self._admit(spec, backend, state)).info(self.sched.tasks.get(spec.session_id))
 
     async def _admit(self, spec: OpenSession, backend: Backend, state: dict) -> Session:
@@ -351,7 +358,7 @@ class EngineRuntime:
             raise Conflict(f"session {sid} is {s.status}, not running", session_id=sid)
         async with self._boundary(s):
             pin = self.device.type == "cuda"
-            s.state = await asyncio.to_thread(clone_tree, s.state, "cpu", pin=pin)
+            s.state = await self.in_thread(clone_tree, s.state, "cpu", pin=pin)
             s.status, s.suspended_at = "suspended", self.clock()
             self.sched.pause(sid, True, s.suspended_at)
         return self.info(sid)
@@ -361,7 +368,7 @@ class EngineRuntime:
         if s.status != "suspended":
             raise Conflict(f"session {sid} is {s.status}, not suspended", session_id=sid)
         async with self._boundary(s):
-            s.state = await asyncio.to_thread(clone_tree, s.state, self.device)
+            s.state = await self.in_thread(clone_tree, s.state, self.device)
             now = self.clock()
             s.stats.idle_interval(s.suspended_at, now, "suspended")
             s.status, s.last_end = "running", now
@@ -375,7 +382,7 @@ class EngineRuntime:
             raise ConfigError("this host has no checkpoint store configured", host_id=self.host_id)
         s = self._get(sid)
         async with self._boundary(s):
-            snapshot = await asyncio.to_thread(clone_tree, s.state, "cpu")
+            snapshot = await self.in_thread(clone_tree, s.state, "cpu")
             desc = self._descriptor(s, with_pending=False)
             key = f"{sid}.b{s.blocks_done}"
         m = await self.checkpoints.put(key, snapshot, encode(desc), copy=False)

@@ -100,7 +100,7 @@ class EngineHostService(Service):
         self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
                                      backend_configs=configs, max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
                                      max_sessions=cfg.max_sessions)
-        self.profile = await asyncio.to_thread(self._measure_profile)
+        self.profile = await self.runtime.in_thread(self._measure_profile)
         self.runtime.seed_costs(self.profile)
         await self.runtime.start()
         rt = self.runtime
