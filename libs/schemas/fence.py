@@ -24,7 +24,7 @@ class SessionView(Msg, frozen=True):
     owner: Owner | None = None  # the latest assign
     claim: Owner | None = None  # the claim accepted since that assign, if any
     released: int = 0  # the last item seq released to the current claim (its cursor at claim time before any)
-    input_pos: int = 0  # input-stream sequence of item `released` (0 = unknown: look it up)
+    input_pos: int = 0  # input-stream sequence of the batch holding item `released` (0 = unknown: look it up)
     closed: bool = False
 
 
@@ -43,12 +43,23 @@ class Claim(Msg, frozen=True, tag="claim"):
 
 
 class Release(Msg, frozen=True, tag="release"):
-    """Consecutive items released to `(server_id, version)`; `input_pos` is the last item's stream seq."""
+    """Consecutive items released to `(server_id, version)`; `input_pos` is the last item's batch's stream seq."""
 
     server_id: str
     version: int
     items: list[InputItem]
     input_pos: int = 0
+
+
+class InputBatch(Msg):
+    """Consecutive items of one session stored as one message of the input stream (`sf.input.<sid>`).
+
+    Ingress stores every item that waits while the session's previous store is in flight in one
+    compare-and-set write (group commit), so a busy session pays one store per group, not per item.
+    """
+
+    session_id: str
+    items: list[InputItem]
 
 
 class Close(Msg, frozen=True, tag="close"):

@@ -1,8 +1,10 @@
 """The gateway: releases each session's stored input, in seq order, to its current claimed owner.
 
-Work arrives two ways: a durable pull consumer on the input stream, shared by every
-gateway instance (so a crashed instance's items are redelivered to another), and
-`sf.fence.kick` requests (queue group) after a claim. Either way the work is
+Work arrives three ways: items this instance's ingress has just stored (`offer`, so
+an item does not wait for the consumer's round trip), a durable pull consumer on the
+input stream, shared by every gateway instance (so a crashed instance's items are
+delivered to another), and `sf.fence.kick` requests (queue group) after a claim.
+Every way the work is
 `pump(session)`: decide on the cached log tail, append the release with a
 compare-and-set on that tail, and on a lost race re-read the tail and decide
 again. That CAS is the re-check of server id *and* version before every release:
@@ -28,7 +30,7 @@ from libs import bus, errors
 from libs.fence import core, log
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
-from libs.schemas.fence import Kick, KickReply
+from libs.schemas.fence import InputBatch, Kick, KickReply
 from libs.telemetry import counter
 from services.fence import inputs
 
@@ -49,6 +51,8 @@ class Gateway:
         self.max_release_bytes = max_release_bytes
         self.tails: dict[str, log.Tail] = {}  # a cache of each session's log tail: a hint
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._offered: dict[str, list[tuple[InputItem, int]]] = {}
+        self._offer_tasks: dict[str, asyncio.Task] = {}
         self.log = structlog.get_logger("statefleet.fence.gateway")
 
     async def start(self, spawn) -> None:
@@ -61,11 +65,30 @@ class Gateway:
 
     async def stop(self) -> None:
         """Stop fetching; unacked items go back to the shared consumer for another instance."""
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        tasks = [self._task, *self._offer_tasks.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
+
+    def offer(self, session_id: str, items: list[InputItem], stream_seq: int) -> None:
+        """Items just stored by this instance: release them now. Only a shortcut: if it fails, the
+        consumer delivers the same items."""
+        self._offered.setdefault(session_id, []).extend((item, stream_seq) for item in items)
+        if session_id not in self._offer_tasks:
+            self._offer_tasks[session_id] = asyncio.create_task(self._release_offered(session_id),
+                                                                name=f"gateway-offer-{session_id}")
+
+    async def _release_offered(self, session_id: str) -> None:
+        try:
+            while offered := self._offered.pop(session_id, None):
+                try:
+                    await self.pump(session_id, offered)
+                except Exception as e:
+                    self.log.info("offer_pump_failed", session_id=session_id, error=repr(e))
+        finally:
+            del self._offer_tasks[session_id]
 
     async def _on_kick(self, kick: Kick) -> KickReply:
         tail = await self.pump(log.check_session_id(kick.session_id))
@@ -100,11 +123,12 @@ class Gateway:
         by_session: defaultdict[str, list[tuple[InputItem, int]]] = defaultdict(list)
         for m in msgs:
             try:
-                item = decode(m.data, InputItem)
-            except errors.SchemaError:
-                self.log.error("input_item_undecodable", subject=m.subject)
+                batch = decode(m.data, InputBatch)
+            except errors.StatefleetError:
+                self.log.error("input_batch_undecodable", subject=m.subject)
                 continue
-            by_session[item.session_id].append((item, m.metadata.sequence.stream))
+            pos = m.metadata.sequence.stream
+            by_session[batch.session_id].extend((item, pos) for item in batch.items)
         results = await asyncio.gather(*(self.pump(sid, items) for sid, items in by_session.items()),
                                        return_exceptions=True)
         failed = set()

@@ -4,6 +4,8 @@
          {"kind": "text" | "action" | "json", "data": <JSON>}  →  200 {"session_id", "seq"}
     GET  /v1/sessions/{session_id}/ws           (WebSocket, same header) one item per text frame,
          each answered {"seq": n} or {"error": <problem>} in order; a bad frame does not close it.
+         Up to WS_WINDOW frames are in flight at once (read, validated and queued for storing in
+         frame order), so one socket's items share stores; beyond that the socket is not read.
     GET  /v1/sessions/{session_id}/output       (WebSocket, same header) the session's output chunks
          (see egress.py).
 
@@ -14,6 +16,8 @@ and never the token reaches a client or a log.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from typing import Literal
@@ -31,6 +35,7 @@ from services.fence.inputs import InputAppender
 from services.fence.sessions import Sessions
 
 _log = structlog.get_logger("statefleet.fence.ingress")
+WS_WINDOW = 64  # unanswered frames per WebSocket
 
 
 class Envelope(msgspec.Struct, forbid_unknown_fields=True):
@@ -61,11 +66,15 @@ class Ingress:
 
     async def accept(self, session_id: str, token: str | None, body: bytes) -> InputItem:
         """Authenticate, validate, bound and durably store one item; returns it with its seq."""
+        return await (await self.submit(session_id, token, body))
+
+    async def submit(self, session_id: str, token: str | None, body: bytes) -> asyncio.Future[InputItem]:
+        """Authenticate, validate and bound one item, then queue it for storing (in call order)."""
         log.check_session_id(session_id)
         await self.sessions.authenticate(session_id, token)
         kind, data = self._parse(body)
         await self._check_bound(session_id)
-        return await self.appender.append(session_id, kind, data, time.time())
+        return self.appender.submit(session_id, kind, data, time.time())
 
     def _parse(self, body: bytes) -> tuple[str, bytes]:
         if len(body) > self.max_item_bytes + 1024:
@@ -84,13 +93,16 @@ class Ingress:
         return env.kind, data
 
     async def _check_bound(self, session_id: str) -> None:
-        """At most `max_pending_items` stored but unreleased items per session (e.g. while unclaimed)."""
-        last = self.appender.last_seq(session_id)
-        if last is None:
-            return  # the first item since start: the store's own tail is read under the append lock
-        if last - await self.gateway.released(session_id) < self.max_pending_items:
+        """At most `max_pending_items` stored or queued but unreleased items per session (e.g. while unclaimed)."""
+        last, queued = self.appender.last_seq(session_id), self.appender.unstored(session_id)
+        if last is None:  # no store since start: the writer reads the stored tail itself
+            if queued < self.max_pending_items:
+                return
+            raise errors.Busy(f"{self.max_pending_items} items already wait for this session",
+                              session_id=session_id, max_pending_items=self.max_pending_items)
+        if last + queued - await self.gateway.released(session_id) < self.max_pending_items:
             return
-        if last - await self.gateway.released(session_id, fresh=True) >= self.max_pending_items:
+        if last + queued - await self.gateway.released(session_id, fresh=True) >= self.max_pending_items:
             raise errors.Busy(f"{self.max_pending_items} items already wait for this session",
                               session_id=session_id, max_pending_items=self.max_pending_items)
 
@@ -119,18 +131,46 @@ class Ingress:
             return problem(e)
         ws = web.WebSocketResponse(max_msg_size=self.max_item_bytes + 1024)
         await ws.prepare(request)
-        async for msg in ws:
-            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                break
-            body = msg.data.encode() if msg.type == WSMsgType.TEXT else msg.data
-            try:
-                item = await self.accept(session_id, token, body)
-                await ws.send_json({"seq": item.seq})
-            except errors.StatefleetError as e:
-                await ws.send_json({"error": problem_body(e)})
-            except Exception:
-                await ws.send_json({"error": problem_body(_internal(session_id))})
+        # Frames are validated and queued in order here; a second task answers them in the same order
+        # as their stores complete, so the socket keeps up to WS_WINDOW items in flight.
+        answers: asyncio.Queue[asyncio.Future[InputItem] | errors.StatefleetError | None] = \
+            asyncio.Queue(WS_WINDOW)
+        answering = asyncio.create_task(self._answer(ws, session_id, answers))
+        try:
+            async for msg in ws:
+                if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    break
+                body = msg.data.encode() if msg.type == WSMsgType.TEXT else msg.data
+                try:
+                    answer = await self.submit(session_id, token, body)
+                except errors.StatefleetError as e:
+                    answer = e
+                except Exception:
+                    answer = _internal(session_id)
+                await answers.put(answer)
+            await answers.put(None)
+            await answering
+        finally:
+            answering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await answering
         return ws
+
+    async def _answer(self, ws: web.WebSocketResponse, session_id: str, answers: asyncio.Queue) -> None:
+        while (answer := await answers.get()) is not None:
+            if isinstance(answer, asyncio.Future):
+                try:
+                    answer = {"seq": (await answer).seq}
+                except errors.StatefleetError as e:
+                    answer = e
+                except Exception:
+                    answer = _internal(session_id)
+            if isinstance(answer, errors.StatefleetError):
+                answer = {"error": problem_body(answer)}
+            if ws.closed:
+                continue  # the client went away: still wait for what it sent, so nothing is cut mid-store
+            with contextlib.suppress(ConnectionError):
+                await ws.send_json(answer)
 
     async def _output(self, request: web.Request) -> web.StreamResponse:
         try:

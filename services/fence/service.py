@@ -33,8 +33,8 @@ class FenceConfig(BaseConfig, kw_only=True):
     max_pending_items: PositiveInt = 1024  # per session, stored but not yet released (e.g. while unclaimed)
     max_contract_bytes: PositiveInt = 64 * 1024
     gateway_batch: PositiveInt = 256  # items per consumer fetch
-    max_release_items: PositiveInt = 64  # items per release record
-    max_release_bytes: PositiveInt = 512 * 1024  # payload bytes per release record (NATS max is 1 MiB)
+    max_release_items: PositiveInt = 64  # items per release record and per stored input batch
+    max_release_bytes: PositiveInt = 512 * 1024  # payload bytes per release record / input batch (NATS max is 1 MiB)
 
 
 class FenceService(Service):
@@ -49,7 +49,8 @@ class FenceService(Service):
         self.sessions = Sessions(self.nc, self.js, kv, max_contract_bytes=cfg.max_contract_bytes)
         self.gateway = Gateway(self.nc, self.js, batch=cfg.gateway_batch, max_release_items=cfg.max_release_items,
                                max_release_bytes=cfg.max_release_bytes)
-        self.appender = InputAppender(self.js)
+        self.appender = InputAppender(self.js, max_group_items=cfg.max_release_items,
+                                      max_group_bytes=cfg.max_release_bytes, on_stored=self.gateway.offer)
         for verb, req_type, handler in (("register", RegisterRequest, self.sessions.register),
                                         ("meta", MetaRequest, self.sessions.meta),
                                         ("checkpoint", CheckpointRequest, self.sessions.checkpoint),
@@ -75,6 +76,7 @@ class FenceService(Service):
 
     async def teardown(self) -> None:
         await self._runner.cleanup()
+        await self.appender.close()
         await self.gateway.stop()
 
 
