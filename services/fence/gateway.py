@@ -129,10 +129,14 @@ class Gateway:
                 continue
             pos = m.metadata.sequence.stream
             by_session[batch.session_id].extend((item, pos) for item in batch.items)
-        results = await asyncio.gather(*(self.pump(sid, items) for sid, items in by_session.items()),
+        # Most items were offered by the instance that stored them and are released already: the
+        # cached tail says so (as `pump` itself would conclude) without waiting for the session's lock.
+        todo = {sid: items for sid, items in by_session.items()
+                if (tail := self.tails.get(sid)) is None or tail.view.released < items[-1][0].seq}
+        results = await asyncio.gather(*(self.pump(sid, items) for sid, items in todo.items()),
                                        return_exceptions=True)
         failed = set()
-        for sid, result in zip(by_session, results, strict=True):
+        for sid, result in zip(todo, results, strict=True):
             if isinstance(result, BaseException):
                 failed.add(sid)
                 self.log.warning("pump_failed", session_id=sid, error=repr(result))
