@@ -60,6 +60,7 @@ class InputBatch(Msg):
 
     session_id: str
     items: list[InputItem]
+    item_ids: list[str] = []  # the clients' ids of the items, aligned with `items` ("" = none)
 
 
 class Close(Msg, frozen=True, tag="close"):

@@ -32,7 +32,7 @@ from libs.schemas.base import decode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch, Kick, KickReply
 from libs.telemetry import counter
-from services.fence import inputs
+from services.fence import input_reads
 
 CONSUMER = "fence-gateway"
 # A crashed instance's unacked items go to another after this; a redelivered item is harmless (the
@@ -189,7 +189,7 @@ class Gateway:
             seq += 1
         if out:
             return out
-        return await inputs.read_items(self.js, session_id, tail.view.released, tail.view.input_pos,
+        return await input_reads.read_items(self.js, session_id, tail.view.released, tail.view.input_pos,
                                        max_items=self.max_release_items, max_bytes=self.max_release_bytes)
 
     def forget(self, session_id: str) -> None:

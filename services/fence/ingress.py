@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 import structlog
@@ -28,10 +28,9 @@ from aiohttp import WSMsgType, web
 
 from libs import errors
 from libs.fence import log
-from libs.schemas.common import InputItem
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
-from services.fence.inputs import InputAppender
+from services.fence.inputs import InputAppender, Stored
 from services.fence.sessions import Sessions
 
 _log = structlog.get_logger("statefleet.fence.ingress")
@@ -41,6 +40,9 @@ WS_WINDOW = 64  # unanswered frames per WebSocket
 class Envelope(msgspec.Struct, forbid_unknown_fields=True):
     kind: Literal["text", "action", "json"]
     data: msgspec.Raw
+    # The client's id for the item: a resend with an id among the session's recent items is
+    # answered with the first copy's seq (and "duplicate": true) and not stored again.
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
 
 
 _decoder = msgspec.json.Decoder(Envelope)
@@ -64,19 +66,19 @@ class Ingress:
         app.router.add_get("/healthz", self._health)
         return app
 
-    async def accept(self, session_id: str, token: str | None, body: bytes) -> InputItem:
+    async def accept(self, session_id: str, token: str | None, body: bytes) -> Stored:
         """Authenticate, validate, bound and durably store one item; returns it with its seq."""
         return await (await self.submit(session_id, token, body))
 
-    async def submit(self, session_id: str, token: str | None, body: bytes) -> asyncio.Future[InputItem]:
+    async def submit(self, session_id: str, token: str | None, body: bytes) -> asyncio.Future[Stored]:
         """Authenticate, validate and bound one item, then queue it for storing (in call order)."""
         log.check_session_id(session_id)
         await self.sessions.authenticate(session_id, token)
-        kind, data = self._parse(body)
+        kind, data, item_id = self._parse(body)
         await self._check_bound(session_id)
-        return self.appender.submit(session_id, kind, data, time.time())
+        return self.appender.submit(session_id, kind, data, time.time(), item_id)
 
-    def _parse(self, body: bytes) -> tuple[str, bytes]:
+    def _parse(self, body: bytes) -> tuple[str, bytes, str]:
         if len(body) > self.max_item_bytes + 1024:
             raise errors.TooLarge(f"item is {len(body)} bytes", max_item_bytes=self.max_item_bytes)
         try:
@@ -90,7 +92,7 @@ class Ingress:
         if not data or data[0] != _EXPECTED_START[env.kind]:
             raise errors.BadRequest(f"a {env.kind} item needs "
                                     f"{'a JSON string' if env.kind == 'text' else 'a JSON object'}")
-        return env.kind, data
+        return env.kind, data, env.id or ""
 
     async def _check_bound(self, session_id: str) -> None:
         """At most `max_pending_items` stored or queued but unreleased items per session (e.g. while unclaimed)."""
@@ -119,7 +121,7 @@ class Ingress:
             return problem(e)
         except Exception:
             return problem(_internal(session_id))
-        return web.json_response({"session_id": session_id, "seq": item.seq})
+        return web.json_response({"session_id": session_id, **_answer(item)})
 
     async def _ws(self, request: web.Request) -> web.StreamResponse:
         session_id = request.match_info["session_id"]
@@ -133,7 +135,7 @@ class Ingress:
         await ws.prepare(request)
         # Frames are validated and queued in order here; a second task answers them in the same order
         # as their stores complete, so the socket keeps up to WS_WINDOW items in flight.
-        answers: asyncio.Queue[asyncio.Future[InputItem] | errors.StatefleetError | None] = \
+        answers: asyncio.Queue[asyncio.Future[Stored] | errors.StatefleetError | None] = \
             asyncio.Queue(WS_WINDOW)
         answering = asyncio.create_task(self._answer(ws, session_id, answers))
         try:
@@ -160,7 +162,7 @@ class Ingress:
         while (answer := await answers.get()) is not None:
             if isinstance(answer, asyncio.Future):
                 try:
-                    answer = {"seq": (await answer).seq}
+                    answer = _answer(await answer)
                 except errors.StatefleetError as e:
                     answer = e
                 except Exception:
@@ -180,6 +182,10 @@ class Ingress:
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True})
+
+
+def _answer(stored: Stored) -> dict:
+    return {"seq": stored.seq, "duplicate": True} if stored.duplicate else {"seq": stored.seq}
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -10,8 +10,9 @@ One item alone is stored at once (no added latency); a busy session stores its i
 in as few writes as its arrival rate allows. Every item is acknowledged only after the
 write that holds it is stored.
 
-Reads find an item's stream position by binary search over `next_by_subj` (item seqs
-rise with stream seq).
+An item may carry its client's id: a resent item whose id is among the session's last
+`dedupe_items` stored ones is answered with the first copy's seq and stored no more
+(see dedupe.py).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from libs.fence import log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
+from services.fence.dedupe import RecentIds
 
 MAX_CAS_ATTEMPTS = 32
-Stored = Callable[[str, list[InputItem], int], None]  # (session, items, their stream seq)
+OnStored = Callable[[str, list[InputItem], int], None]  # (session, items, their batch's stream seq)
 _log = structlog.get_logger("statefleet.fence.inputs")
 
 
@@ -48,7 +50,16 @@ class _Waiting:
     kind: str
     data: bytes
     accepted_at: float
-    done: asyncio.Future[InputItem]
+    item_id: str
+    done: asyncio.Future[Stored]
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What a submitted item became: its seq, and whether an earlier copy with its id had it."""
+
+    seq: int
+    duplicate: bool = False
 
 
 @dataclass(slots=True)
@@ -57,14 +68,16 @@ class _Session:
     queue: deque[_Waiting] = field(default_factory=deque)
     storing: int = 0  # items in the store in flight
     writer: asyncio.Task | None = None
+    ids: RecentIds | None = None  # loaded the first time an item of the session carries an id
 
 
 class InputAppender:
     """Assigns item seqs and stores items durably; one writer task per busy session keeps its tail exact."""
 
     def __init__(self, js: JetStreamContext, *, max_group_items: int, max_group_bytes: int,
-                 on_stored: Stored | None = None) -> None:
+                 dedupe_items: int = 256, on_stored: OnStored | None = None) -> None:
         self.js = js
+        self.dedupe_items = dedupe_items
         self.max_group_items = max_group_items
         self.max_group_bytes = max_group_bytes
         self.on_stored = on_stored
@@ -79,21 +92,23 @@ class InputAppender:
         s = self._sessions.get(session_id)
         return len(s.queue) + s.storing if s else 0
 
-    def submit(self, session_id: str, kind: str, data: bytes, accepted_at: float) -> asyncio.Future[InputItem]:
-        """Queue one item for storing; the future resolves to it with its seq once it is stored.
+    def submit(self, session_id: str, kind: str, data: bytes, accepted_at: float,
+               item_id: str = "") -> asyncio.Future[Stored]:
+        """Queue one item for storing; the future resolves once it is stored (or found stored).
 
         Items of one session are stored in the order they were submitted. Cancelling the future
         before its write starts withdraws the item.
         """
         s = self._sessions.setdefault(session_id, _Session())
         done = asyncio.get_running_loop().create_future()
-        s.queue.append(_Waiting(kind, data, accepted_at, done))
+        s.queue.append(_Waiting(kind, data, accepted_at, item_id, done))
         if s.writer is None:
             s.writer = asyncio.create_task(self._write(session_id, s), name=f"input-writer-{session_id}")
         return done
 
-    async def append(self, session_id: str, kind: str, data: bytes, accepted_at: float) -> InputItem:
-        return await self.submit(session_id, kind, data, accepted_at)
+    async def append(self, session_id: str, kind: str, data: bytes, accepted_at: float,
+                     item_id: str = "") -> Stored:
+        return await self.submit(session_id, kind, data, accepted_at, item_id)
 
     async def close(self) -> None:
         """Stop every writer; items not yet stored fail with `Unavailable` (their clients retry)."""
@@ -120,7 +135,7 @@ class InputAppender:
                     continue
                 s.storing = len(group)
                 try:
-                    items, stream_seq = await self._store(session_id, s, group)
+                    answers, items, stream_seq = await self._store(session_id, s, group)
                 except Exception as e:
                     if not isinstance(e, errors.StatefleetError):
                         _log.warning("input_store_failed", session_id=session_id, error=repr(e))
@@ -131,11 +146,11 @@ class InputAppender:
                     continue
                 finally:
                     s.storing = 0
-                if self.on_stored:  # first, so the release is on its way before the clients' answers
+                if items and self.on_stored:  # first, so the release is on its way before the answers
                     self.on_stored(session_id, items, stream_seq)
-                for w, item in zip(group, items, strict=True):
+                for w, answer in zip(group, answers, strict=True):
                     if not w.done.done():
-                        w.done.set_result(item)
+                        w.done.set_result(answer)
         except asyncio.CancelledError:
             stopped = errors.Unavailable("ingress is stopping; retry", session_id=session_id)
             for w in (*group, *s.queue):
@@ -161,15 +176,25 @@ class InputAppender:
             size += len(w.data)
         return group
 
-    async def _store(self, session_id: str, s: _Session, group: list[_Waiting]) -> tuple[list[InputItem], int]:
+    async def _store(self, session_id: str, s: _Session,
+                     group: list[_Waiting]) -> tuple[list[Stored], list[InputItem], int]:
+        """Number the group after the stored tail and store it with a CAS on that tail.
+
+        Returns an answer per waiting item, the items stored, and their batch's stream seq.
+        """
         for _ in range(MAX_CAS_ATTEMPTS):
-            tail = s.tail or await self._read_tail(session_id)
-            items = [InputItem(session_id=session_id, seq=tail.item_seq + 1 + i, kind=w.kind, data=w.data,
-                               accepted_at=w.accepted_at) for i, w in enumerate(group)]
+            if s.tail is None:
+                s.tail = await self._read_tail(session_id)
+            if s.ids is None and any(w.item_id for w in group):
+                s.ids = await RecentIds.load(self.js, session_id, self.dedupe_items, s.tail.item_seq)
+            elif s.ids is not None and s.ids.pos < s.tail.stream_seq:
+                await s.ids.catch_up(self.js, session_id)  # others stored since: learn their ids first
+            answers, batch = self._number(session_id, s, group)
+            if not batch.items:
+                return answers, [], 0
             try:
-                ack = await self.js.publish(log.input_subject(session_id),
-                                            encode(InputBatch(session_id=session_id, items=items)),
-                                            headers={log.EXPECTED_LAST_SUBJECT_SEQ: str(tail.stream_seq)})
+                ack = await self.js.publish(log.input_subject(session_id), encode(batch),
+                                            headers={log.EXPECTED_LAST_SUBJECT_SEQ: str(s.tail.stream_seq)})
             except nats.js.errors.APIError as e:
                 if e.err_code != bus.JS_WRONG_LAST_SEQUENCE:
                     raise errors.Unavailable(f"input store refused: {e.description}") from None
@@ -179,9 +204,32 @@ class InputAppender:
                     nats.js.errors.NoStreamResponseError):
                 s.tail = None  # it may have landed: re-read before the next one
                 raise errors.Unavailable("input store unanswered; retry", session_id=session_id) from None
-            s.tail = _InputTail(items[-1].seq, ack.seq)
-            return items, ack.seq
+            s.tail = _InputTail(batch.items[-1].seq, ack.seq)
+            if s.ids is not None:
+                s.ids.remember(batch, ack.seq)
+            return answers, batch.items, ack.seq
         raise errors.Busy("too much contention on this session's input", session_id=session_id)
+
+    def _number(self, session_id: str, s: _Session, group: list[_Waiting]) -> tuple[list[Stored], InputBatch]:
+        """Seqs after the tail for new items; the stored seq for an id already stored (or earlier in the group)."""
+        seq = s.tail.item_seq
+        answers: list[Stored] = []
+        items: list[InputItem] = []
+        ids: list[str] = []
+        in_group: dict[str, int] = {}
+        for w in group:
+            known = (in_group.get(w.item_id) or s.ids.get(w.item_id)) if w.item_id else None
+            if known is not None:
+                answers.append(Stored(known, duplicate=True))
+                continue
+            seq += 1
+            if w.item_id:
+                in_group[w.item_id] = seq
+            items.append(InputItem(session_id=session_id, seq=seq, kind=w.kind, data=w.data,
+                                   accepted_at=w.accepted_at))
+            ids.append(w.item_id)
+            answers.append(Stored(seq))
+        return answers, InputBatch(session_id=session_id, items=items, item_ids=ids if any(ids) else [])
 
     async def _read_tail(self, session_id: str) -> _InputTail:
         try:
@@ -197,57 +245,3 @@ def _fail(done: asyncio.Future, error: Exception) -> None:
     if not done.done():
         done.set_exception(error)
         done.exception()  # retrieved here: a client that went away must not leave an "unretrieved" warning
-
-
-async def _next_from(js: JetStreamContext, session_id: str, pos: int) -> tuple[InputBatch, int] | None:
-    """The session's first stored batch at stream sequence ≥ `pos`, with its stream sequence."""
-    try:
-        raw = await js.get_msg(log.INPUT_STREAM, seq=pos, subject=log.input_subject(session_id),
-                               next=True, direct=True)
-    except nats.js.errors.NotFoundError:
-        return None
-    return decode(raw.data, InputBatch), raw.seq
-
-
-async def locate(js: JetStreamContext, session_id: str, item_seq: int) -> int:
-    """The stream sequence to read from to find item `item_seq` (binary search; 1 if unknown)."""
-    lo, hi = 1, None
-    try:
-        raw = await js.get_last_msg(log.INPUT_STREAM, log.input_subject(session_id), direct=True)
-        hi = raw.seq
-    except nats.js.errors.NotFoundError:
-        return 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        found = await _next_from(js, session_id, mid)
-        if found is None or found[0].items[-1].seq >= item_seq:
-            hi = mid
-        else:
-            lo = found[1] + 1
-    return lo
-
-
-async def read_items(js: JetStreamContext, session_id: str, after: int, pos: int, *, max_items: int,
-                     max_bytes: int) -> list[tuple[InputItem, int]]:
-    """Stored items `after+1, after+2, ...` (stopping at a gap or a limit), each with its batch's stream seq.
-
-    `pos` is the stream sequence of the batch holding item `after` when known (0 = look it up);
-    that batch may hold the items after it too, so reading starts there.
-    """
-    start = pos or await locate(js, session_id, after + 1)
-    out: list[tuple[InputItem, int]] = []
-    size = 0
-    while len(out) < max_items and size < max_bytes:
-        found = await _next_from(js, session_id, start)
-        if found is None:
-            break
-        batch, stream_seq = found
-        start = stream_seq + 1
-        for item in batch.items:
-            if item.seq <= after + len(out):
-                continue
-            if item.seq != after + len(out) + 1 or len(out) >= max_items or size >= max_bytes:
-                return out
-            out.append((item, stream_seq))
-            size += len(item.data)
-    return out

@@ -35,6 +35,7 @@ class FenceConfig(BaseConfig, kw_only=True):
     gateway_batch: PositiveInt = 256  # items per consumer fetch
     max_release_items: PositiveInt = 64  # items per release record and per stored input batch
     max_release_bytes: PositiveInt = 512 * 1024  # payload bytes per release record / input batch (NATS max is 1 MiB)
+    dedupe_items: PositiveInt = 256  # a resent item is recognised by its id among the session's last this many
 
 
 class FenceService(Service):
@@ -50,7 +51,8 @@ class FenceService(Service):
         self.gateway = Gateway(self.nc, self.js, batch=cfg.gateway_batch, max_release_items=cfg.max_release_items,
                                max_release_bytes=cfg.max_release_bytes)
         self.appender = InputAppender(self.js, max_group_items=cfg.max_release_items,
-                                      max_group_bytes=cfg.max_release_bytes, on_stored=self.gateway.offer)
+                                      max_group_bytes=cfg.max_release_bytes, dedupe_items=cfg.dedupe_items,
+                                      on_stored=self.gateway.offer)
         for verb, req_type, handler in (("register", RegisterRequest, self.sessions.register),
                                         ("meta", MetaRequest, self.sessions.meta),
                                         ("checkpoint", CheckpointRequest, self.sessions.checkpoint),

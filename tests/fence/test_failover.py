@@ -11,7 +11,7 @@ import aiohttp
 
 from libs import bus
 from libs.fence import ownership
-from services.fence.inputs import read_items
+from services.fence.input_reads import read_items
 from tests.fence.conftest import engine, post, register, start_fence, wait_for
 from tests.fence.invariants import check_log, read_log
 

@@ -19,7 +19,8 @@ from libs.fence import log, ownership
 from libs.schemas.base import encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
-from services.fence.inputs import InputAppender, read_items
+from services.fence.input_reads import read_items
+from services.fence.inputs import InputAppender, Stored
 from tests.fence.conftest import engine, register, start_fence, wait_for
 
 
@@ -119,8 +120,8 @@ async def test_a_writer_stopped_mid_store_leaves_whole_groups_only(nats_server, 
         await asyncio.sleep(0.002 * trial)
         await appender.close()
         done = await asyncio.gather(*futures, return_exceptions=True)
-        acked = [r for r in done if isinstance(r, InputItem)]
-        failed = [r for r in done if not isinstance(r, InputItem)]
+        acked = [r for r in done if isinstance(r, Stored)]
+        failed = [r for r in done if not isinstance(r, Stored)]
         assert all(isinstance(e, errors.Unavailable) for e in failed)
         assert [r.seq for r in acked] == list(range(1, len(acked) + 1))  # acks are a prefix
         items = await stored_items(js, sid)

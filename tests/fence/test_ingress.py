@@ -7,7 +7,7 @@ import pytest
 from libs import bus, errors
 from libs.fence import log, ownership
 from libs.schemas.fence import CheckpointRequest, CloseReply, CloseRequest, MetaRequest, SessionMeta
-from services.fence.inputs import read_items
+from services.fence.input_reads import read_items
 from tests.fence.conftest import engine, post, register, start_fence, wait_for
 
 
