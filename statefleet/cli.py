@@ -33,7 +33,7 @@ def _up(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from statefleet.status import print_status
 
-    return asyncio.run(print_status(args.nats_url, as_json=args.json))
+    return asyncio.run(print_status(args.nats_url, as_json=args.json, all_sessions=args.all))
 
 
 def _engines(args: argparse.Namespace) -> int:
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="the fleet as read from the bus")
     status.add_argument("--nats-url", default="", help="default: $SF_NATS_URL, ./var/nats.url, then :4222")
     status.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    status.add_argument("--all", action="store_true", help="list closed sessions too (JSON always has them)")
     status.set_defaults(func=_status)
 
     engines = sub.add_parser("engines", help="engine hosts' sessions and serving metrics (rtf, periods, latency)")

@@ -58,7 +58,7 @@ async def fleet(nats_url: str) -> dict[str, list]:
         await nc.close()
 
 
-async def print_status(nats_url: str, *, as_json: bool = False) -> int:
+async def print_status(nats_url: str, *, as_json: bool = False, all_sessions: bool = False) -> int:
     state = await fleet(nats_url or default_nats_url())
     if as_json:
         print(json.dumps(msgspec.to_builtins(state), indent=2))
@@ -72,8 +72,10 @@ async def print_status(nats_url: str, *, as_json: bool = False) -> int:
     for e in sorted(state["engines"], key=lambda e: e.host_id):
         print(f"  {e.host_id:<12} {e.device:<8} mem {e.free_memory_bytes / 2**30:6.1f}/"
               f"{e.memory_bytes / 2**30:6.1f} GiB free  sessions {e.sessions}")
-    print(f"sessions ({len(state['sessions'])})")
-    for s in sorted(state["sessions"], key=lambda s: s.session_id):
+    shown = [s for s in state["sessions"] if all_sessions or s.state != "closed"]
+    hidden = len(state["sessions"]) - len(shown)
+    print(f"sessions ({len(shown)}" + (f"; {hidden} closed not shown, --all lists them)" if hidden else ")"))
+    for s in sorted(shown, key=lambda s: s.session_id):
         owner = f"{s.owner_server_id}@v{s.owner_version}" + ("" if s.claimed else " (unclaimed)")
         print(f"  {s.session_id:<24} {s.backend:<8} {s.session_class:<4} {s.state:<10} owner {owner}")
     return 0

@@ -127,6 +127,20 @@ def _session_round_trip(env: dict, nats_url: str, tmp_path) -> None:
     assert f"owner {other} v2 claimed" in watched and watched.count(" block ") >= 2
     run("delete", sid)
 
+    def status(*flags: str) -> str:
+        for _ in range(100):  # the closed state reaches the sessions bucket shortly after delete returns
+            r = subprocess.run([sys.executable, "-m", "statefleet", "status", "--nats-url", nats_url, *flags],
+                               capture_output=True, text=True, timeout=60, env=env)
+            assert r.returncode == 0, r.stdout + r.stderr
+            if "closed not shown" in r.stdout or sid not in r.stdout:
+                return r.stdout
+            time.sleep(0.1)
+        raise AssertionError(r.stdout)
+
+    assert sid not in status() and "1 closed not shown" in status()
+    assert sid in subprocess.run([sys.executable, "-m", "statefleet", "status", "--all", "--nats-url", nats_url],
+                                 capture_output=True, text=True, timeout=60, env=env).stdout
+
 
 @pytest.mark.slow
 def test_killed_supervisor_takes_its_children_with_it(tmp_path):
