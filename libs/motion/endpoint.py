@@ -115,7 +115,8 @@ class MotionEndpoint:
         async with self.host.block_boundary(req.session_id):
             tree = self.host.state_tree(req.session_id)
             return await manifest.register(req.session_id, tree, tier=self.tier,
-                                           descriptor=self.host.session_descriptor(req.session_id))
+                                           descriptor=self.host.session_descriptor(req.session_id),
+                                           fingerprint=req.fingerprint)
 
     async def _on_migrate(self, req: Migrate) -> MigrateResult:
         if req.move_id in self.outgoing:

@@ -109,9 +109,16 @@ def build(session_id: str, flat: Flat, crcs: list[int], *, tier: str = "T0", des
                     tier=tier, descriptor=descriptor)
 
 
-async def register(session_id: str, tree: dict, *, tier: str = "T0", descriptor: bytes = b"") -> Manifest:
-    """Bind a live tree to its manifest. The caller holds the block boundary while this runs."""
+async def register(session_id: str, tree: dict, *, tier: str = "T0", descriptor: bytes = b"",
+                   fingerprint: bool = True) -> Manifest:
+    """Bind a live tree to its manifest. The caller holds the block boundary while this runs.
+
+    `fingerprint=False` reads no tensor bytes: leaf CRCs and the fingerprint are 0, which
+    `check_consistent` refuses, so such a manifest can size a move but never verify one."""
     flat = flatten(tree)
+    if not fingerprint:
+        m = build(session_id, flat, [0] * len(flat.tensors), tier=tier, descriptor=descriptor)
+        return msgspec.structs.replace(m, fingerprint=0)
     return build(session_id, flat, await leaf_crcs(flat.tensors), tier=tier, descriptor=descriptor)
 
 

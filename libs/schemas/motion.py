@@ -49,6 +49,10 @@ class Manifest(Msg):
 class RegisterState(Msg):
     session_id: str
     move_id: str = ""
+    # False: structure only (paths, dtypes, shapes, sizes, control values), no pass over the bytes; leaf
+    # CRCs and fingerprint are 0, so the manifest verifies nothing. The coordinator asks for this: a
+    # move's fingerprint is the one `migrate` takes over the frozen source as it sends.
+    fingerprint: bool = True
 
 
 class AdmitMove(Msg):

@@ -88,10 +88,12 @@ class MoverService(Service):
         try:
             owner_version = await self._owner_version(req)
             t = time.monotonic()
-            m = await self._verb(req.source, "register_state", RegisterState(session_id=req.session_id,
-                                                                             move_id=move_id), Manifest)
+            # Structure only: sizing needs no pass over the bytes; the fingerprint verify and commit check is
+            # the one migrate takes over the frozen source while it sends.
+            m = await self._verb(req.source, "register_state", RegisterState(
+                session_id=req.session_id, move_id=move_id, fingerprint=False), Manifest)
             times.register_s = time.monotonic() - t
-            receipt.state_bytes, receipt.fingerprint = m.total_bytes, m.fingerprint
+            receipt.state_bytes = m.total_bytes
             decision = self.planner.decide(req, m.total_bytes)
             receipt.predicted_s = decision.predicted_s
             if not decision.admitted:

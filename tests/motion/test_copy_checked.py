@@ -45,3 +45,22 @@ def test_a_staged_chunk_that_differs_from_the_senders_crc_is_refused_and_not_rec
     assert slot.recorded == {}
     assert transport.copy_and_check(slot, 0, 0, src) == crc32c.crc32c(src.numpy())
     assert slot.recorded == {0: crc32c.crc32c(src.numpy())}
+
+
+def test_a_source_that_changes_while_it_is_copied_is_refused(monkeypatch):
+    src = torch.randint(0, 256, (3 * transport._PIECE_BYTES,), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(5))
+    slot = _Slot(src.numel())
+    real, calls = transport.crc.crc, []
+
+    def crc_then_write(buf, value=0):  # a writer touches the piece just checksummed, before it is copied
+        out = real(buf, value)
+        if not calls:
+            src[7] ^= 0xFF
+        calls.append(1)
+        return out
+
+    monkeypatch.setattr(transport.crc, "crc", crc_then_write)
+    with pytest.raises(IntegrityError):
+        transport.copy_and_check(slot, 0, 0, src)
+    assert slot.recorded == {}

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from libs import bus, names
-from libs.errors import Conflict, NotFound
-from libs.motion import transport
+from libs.errors import BadRequest, Conflict, IntegrityError, NotFound
+from libs.motion import crc, transport
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.motion import (
     AdmitMove,
@@ -124,6 +124,48 @@ async def test_verbs_in_the_wrong_state_are_typed_errors_and_change_nothing(nc, 
         await bus.request(nc, verb("b", "commit"), SlotRequest(session_id="s", move_id="m3", manifest=r.manifest),
                           SlotDone)
     assert b.installs == 0 and "s" in a.trees and not eb.slots and not ea.outgoing
+
+
+async def test_a_structure_only_register_sizes_a_move_but_can_verify_or_install_nothing(nc, pair):
+    a, b, _, eb = pair
+    a.add("s", make_tree(16))
+    want = tree_bytes(a.trees["s"])
+    full = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s", fingerprint=False), Manifest)
+    assert (m.total_bytes, m.topology, m.control) == (full.total_bytes, full.topology, full.control)
+    assert m.fingerprint == 0 and all(leaf.crc32c == 0 for leaf in m.leaves)
+    v = await admit(nc, m, "m5")
+    r = await migrate(nc, v, "m5")
+    assert r.manifest.fingerprint == full.fingerprint  # migrate's manifest is taken over the sent bytes
+    structural = SlotRequest(session_id="s", move_id="m5", manifest=m)
+    for name, reply in (("verify", Verified), ("commit", SlotDone)):
+        with pytest.raises(BadRequest):
+            await bus.request(nc, verb("b", name), structural, reply)
+    assert b.installs == 0
+    await finish(nc, "m5", r.manifest)
+    assert tree_bytes(b.trees["s"]) == want
+
+
+@pytest.mark.parametrize("path", ["tcp", "inprocess"])
+async def test_a_staged_byte_flipped_after_verify_is_caught_by_commit(nc, pair, path):
+    a, b, _, eb = pair
+    a.add("s", make_tree(17))
+    want = tree_bytes(a.trees["s"])
+    if path == "tcp":
+        transport.local_receivers.pop(eb.data_addr)
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s", fingerprint=False), Manifest)
+    v = await admit(nc, m, "m6")
+    r = await migrate(nc, v, "m6")
+    slot = SlotRequest(session_id="s", move_id="m6", manifest=r.manifest)
+    assert (await bus.request(nc, verb("b", "verify"), slot, Verified)).ok
+    staged = crc.byte_view(eb.slots["m6"].tensors[2])
+    staged[staged.numel() // 2] ^= 0x10  # the staged copy changes after verify said yes
+    with pytest.raises(IntegrityError):
+        await bus.request(nc, verb("b", "commit"), slot, SlotDone)
+    assert b.installs == 0 and "s" not in b.trees
+    await bus.request(nc, verb("b", "rollback"), slot, SlotDone)
+    await bus.request(nc, verb("a", "rollback"), SlotRequest(session_id="s", move_id="m6"), SlotDone)
+    assert tree_bytes(a.trees["s"]) == want  # the source stayed authoritative
 
 
 async def test_inadmissible_move_arms_nothing(nc, pair):
