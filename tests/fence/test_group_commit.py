@@ -160,3 +160,17 @@ async def test_readers_find_every_item_whatever_the_grouping(nats_server, nc, se
         got = await read_items(js, sid, after, pos, max_items=limit, max_bytes=1 << 20)
         assert [i.seq for i, _ in got] == list(range(after + 1, min(n, after + limit) + 1))
         assert all(p == positions[i.seq] for i, p in got)
+
+
+async def test_items_stored_by_an_instance_that_died_before_releasing_reach_the_owner(fence, nc):
+    """The offer path is a shortcut; the shared consumer is the net. Items stored by an appender that
+    never offers them (its instance died right after the store) are released by the running fence."""
+    js = nc.jetstream()
+    await register(nc, "g6")
+    eng = await engine(nc, "E")
+    await eng.adopt("g6", (await ownership.assign(nc, js, "g6", "E")).version)
+    dead = InputAppender(js, max_group_items=8, max_group_bytes=1 << 20)  # on_stored=None: nobody offers
+    stored = await asyncio.gather(*(dead.append("g6", "text", f'"{i}"'.encode(), 0.0) for i in range(30)))
+    assert sorted(s.seq for s in stored) == list(range(1, 31))
+    await wait_for(lambda: eng.state["g6"] == list(range(1, 31)), 15)
+    await eng.stop()
