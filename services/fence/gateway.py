@@ -155,6 +155,7 @@ class Gateway:
             if m.subject.removeprefix("sf.input.") not in failed:
                 with contextlib.suppress(nats.errors.Error):
                     await m.ack()
+                await asyncio.sleep(0)  # an ack does not yield: let a waiting release go between them
         return len(todo)
 
     async def pump(self, session_id: str, prefetched: list[tuple[InputItem, int]] = ()) -> log.Tail:
