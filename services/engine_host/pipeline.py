@@ -93,9 +93,10 @@ class Mailbox:
     """A bounded edge: at most `capacity` works, kept in per-session FIFOs served round-robin, plus
     an unbounded lane for control messages that its reader takes first.
 
-    Stage threads block on it (`put`, `wait` + `take`); the event loop awaits it (`put_async` on the source
-    edge, `get_async` at the sink) and is woken only when the edge it waits on changes, so a work
-    crosses the stage threads without a round trip through the loop per stage."""
+    Stage threads block on it (`put`, `wait` + `take`); the event loop awaits it (`put_async` on the
+    source edge, `get_async` at the sink) and is woken only when the edge it waits on changes, so a
+    work crosses the stage threads without a round trip through the loop per stage. The lock is held
+    only for a few deque operations, never across a wait, so the loop never blocks on it for longer."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -116,6 +117,7 @@ class Mailbox:
             self._cond.wait_for(self._has_msg)
 
     def take(self) -> Work | _Control:
+        """The next message; only the holder of the reader's baton takes (see `claim`)."""
         with self._cond:
             return self._take()
 
