@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
+import threading
 import time
 
 import pytest
@@ -61,6 +63,58 @@ async def test_interleaved_sessions_keep_their_order_and_are_served_fairly():
     burst_done_by_then = sum(1 for s, _, _ in seen[:last_small] if s == "s0")
     assert burst_done_by_then <= 30
     assert pipe.counters.duplicate == pipe.counters.stale == pipe.counters.slot_leaks == 0
+
+
+async def test_each_stage_has_one_owner_at_a_time_and_a_lone_block_stays_on_one_thread():
+    guard = threading.Lock()
+    active = {"a": 0, "b": 0, "c": 0}
+    overlaps: list[str] = []  # a stage found running on two threads at once
+    busiest = 0  # most stages running at the same moment
+    threads: dict[tuple[str, int], set[int]] = {}
+
+    def stage(name: str) -> Stage:
+        def run(w: Work) -> None:
+            nonlocal busiest
+            with guard:
+                active[name] += 1
+                if active[name] > 1:
+                    overlaps.append(name)
+                busiest = max(busiest, sum(active.values()))
+            time.sleep(0.001)
+            for it in w.items:
+                threads.setdefault((it.sid, it.seq), set()).add(threading.get_ident())
+            with guard:
+                active[name] -= 1
+        return Stage(name, run)
+
+    done = asyncio.Event()
+
+    async def sink(w: Work) -> None:
+        done.set()
+
+    pipe = Pipeline([stage("a"), stage("b"), stage("c")], sink, edge_capacity=2)
+    pipe.start()
+    await pipe.open("lone")
+    for seq in range(5):  # one block at a time, nothing else waiting: carried through on one thread
+        done.clear()
+        await pipe.submit(work("lone", seq))
+        await done.wait()
+    assert all(len(threads[("lone", seq)]) == 1 for seq in range(5))
+    sids = [f"s{i}" for i in range(4)]
+    for sid in sids:
+        await pipe.open(sid)
+
+    async def burst(sid: str) -> None:
+        for seq in range(10):
+            await pipe.submit(work(sid, seq))
+
+    await asyncio.gather(*(burst(sid) for sid in sids))
+    for sid in ["lone", *sids]:
+        await pipe.close(sid)
+    await pipe.shutdown()
+    assert overlaps == []
+    assert busiest >= 2  # under load the stages still run side by side on their own threads
+    assert pipe.counters.stale == pipe.counters.duplicate == pipe.counters.slot_leaks == 0
 
 
 async def test_backpressure_bounds_memory_under_a_slow_consumer():
@@ -283,3 +337,57 @@ async def test_a_second_concurrent_submit_for_a_session_is_refused():
     await pipe.close("s")
     await pipe.shutdown()
     assert pipe.counters.stale == pipe.counters.duplicate == 0
+
+
+@pytest.fixture
+def frequent_thread_switches():
+    """Switch threads every microsecond instead of every 5 ms, so the short windows between a
+    hand-off's steps (take, baton, put) are actually interleaved in a test run."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+async def test_hand_offs_between_stage_threads_never_reorder_a_session(frequent_thread_switches):
+    """Bursts of one session (so inboxes are often empty and works are carried from stage to stage)
+    or two, on edges of 1-3: every work reaches the sink once, in order, through every stage."""
+    rng = random.Random(11)
+    for _ in range(60):
+        sids = ["s0"] if rng.random() < 0.7 else ["s0", "s1"]
+        seen = await _burst_run(rng, sids, blocks=30, edge=rng.randint(1, 3))
+        assert all(seen[sid] == [(seq, ["a", "b", "c"]) for seq in range(30)] for sid in sids)
+
+
+async def _burst_run(rng: random.Random, sids: list[str], *, blocks: int, edge: int) -> dict[str, list]:
+    seen: dict[str, list[tuple[int, list]]] = {}
+
+    def stage(name: str) -> Stage:
+        def run(w: Work) -> None:
+            if rng.random() < 0.5:
+                time.sleep(rng.random() * 0.0003)
+            for it in w.items:
+                it.data.append(name)
+        return Stage(name, run)
+
+    async def sink(w: Work) -> None:
+        for it in w.items:
+            seen.setdefault(it.sid, []).append((it.seq, it.data))
+
+    pipe = Pipeline([stage("a"), stage("b"), stage("c")], sink, edge_capacity=edge)
+    pipe.start()
+    for sid in sids:
+        await pipe.open(sid)
+
+    async def burst(sid: str) -> None:
+        for seq in range(blocks):
+            await pipe.submit(work(sid, seq))
+            if rng.random() < 0.3:
+                await asyncio.sleep(rng.random() * 0.0005)
+
+    await asyncio.gather(*(burst(sid) for sid in sids))
+    for sid in sids:
+        await pipe.close(sid)
+    await pipe.shutdown()
+    assert pipe.counters.stale == pipe.counters.duplicate == pipe.counters.orphaned == 0
+    return seen
