@@ -9,6 +9,7 @@ reaches a client.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -166,11 +167,32 @@ async def request(nc: NATS, subject: str, msg: Msg, reply_type: type[R], *, time
 
 
 async def serve(
-    nc: NATS, subject: str, req_type: Any, handler: Handler, *, queue: str = ""
+    nc: NATS, subject: str, req_type: Any, handler: Handler, *, queue: str = "", concurrency: int = 1
 ) -> Subscription:
-    """Answer requests on `subject`; decoding and handler errors become typed error replies."""
+    """Answer requests on `subject`; decoding and handler errors become typed error replies.
 
-    async def on_msg(m: NatsMsg) -> None:
+    With `concurrency` > 1 up to that many requests are handled at once, each in its own task, so a
+    slow one does not hold up the next; past that the subscription waits for a free slot. (Several
+    subscriptions in a queue group would not do: the server picks a member at random, busy or not.)
+    """
+    if concurrency > 1:
+        slots = asyncio.Semaphore(concurrency)
+        running: set[asyncio.Task] = set()
+
+        def done(task: asyncio.Task) -> None:
+            running.discard(task)
+            slots.release()
+
+        async def on_msg(m: NatsMsg) -> None:
+            await slots.acquire()
+            task = asyncio.create_task(answer(m), name=f"serve-{subject}")
+            running.add(task)
+            task.add_done_callback(done)
+    else:
+        async def on_msg(m: NatsMsg) -> None:
+            await answer(m)
+
+    async def answer(m: NatsMsg) -> None:
         if not m.reply:
             _dropped.add(1, {"subject": subject, "reason": "no_reply_subject"})
             log.warning("request_without_reply_dropped", subject=m.subject)

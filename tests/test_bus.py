@@ -29,6 +29,34 @@ async def test_reply_decodes_into_the_reply_type(nc):
     assert await bus.request(nc, "sf.test.echo", Echo(text="hi"), Echo) == Echo(text="HI")
 
 
+async def test_concurrent_serving_never_queues_a_request_behind_a_slow_one(nc):
+    """With concurrency > 1 every request is answered while another is still being handled, and at
+    most `concurrency` run at once (past that the subscription waits for a free slot)."""
+    release = asyncio.Event()
+    running, peak = 0, 0
+
+    async def handler(req: Echo) -> Echo:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            if req.text == "slow":
+                await release.wait()
+            return Echo(text=req.text)
+        finally:
+            running -= 1
+
+    await bus.serve(nc, "sf.test.conc", Echo, handler, concurrency=3)
+    slow = [asyncio.create_task(bus.request(nc, "sf.test.conc", Echo(text="slow"), Echo, timeout_s=10))
+            for _ in range(2)]
+    await asyncio.sleep(0.1)
+    for i in range(20):  # one slot stays free for these, every time
+        assert (await bus.request(nc, "sf.test.conc", Echo(text=f"f{i}"), Echo, timeout_s=2)).text == f"f{i}"
+    release.set()
+    assert [(await t).text for t in slow] == ["slow", "slow"]
+    assert peak == 3
+
+
 async def test_typed_error_is_raised_again_on_the_callers_side(nc):
     await bus.serve(nc, "sf.test.echo", Echo, echo)
     with pytest.raises(errors.NotFound) as e:

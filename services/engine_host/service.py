@@ -118,10 +118,8 @@ class EngineHostService(Service):
         ]
         for verb, req_type, handler in verbs:
             subject = names.engine_subject(self.host_id, verb)
-            # A queue group of subscriptions per verb, so a long `advance` of one session never
-            # holds up another session's verbs.
-            for _ in range(cfg.verb_concurrency):
-                await bus.serve(self.nc, subject, req_type, self._traced(verb, handler), queue=f"engine.{verb}")
+            # Requests handled concurrently, so a long `advance` of one session never holds up another's.
+            await bus.serve(self.nc, subject, req_type, self._traced(verb, handler), concurrency=cfg.verb_concurrency)
         self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind)
         self.data_addr = await self.motion.start()
         fence = EngineClient(self.nc, self.js, self.host_id)
