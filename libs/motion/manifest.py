@@ -93,10 +93,30 @@ def leaf_crc(t: torch.Tensor) -> int:
     return crc.crc_bytes(crc.byte_view(t))
 
 
+_CRC_PIECE_BYTES = 32 << 20  # contiguous leaves are read in pieces, so one large leaf uses every worker
+
+
 async def leaf_crcs(tensors: list[torch.Tensor]) -> list[int]:
-    """Every leaf's CRC32C, computed on the worker pool (leaves in parallel)."""
+    """Every leaf's CRC32C, computed on the worker pool: pieces of every leaf in parallel, then
+    each leaf's piece CRCs combined."""
     loop = asyncio.get_running_loop()
-    return list(await asyncio.gather(*(loop.run_in_executor(crc.pool, leaf_crc, t) for t in tensors)))
+
+    def piece_crc(t: torch.Tensor, start: int, n: int) -> int:
+        return crc.crc_bytes(crc.byte_view(t)[start:start + n])
+
+    jobs, shapes = [], []
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if t.is_contiguous() and nbytes > _CRC_PIECE_BYTES:
+            lengths = [min(_CRC_PIECE_BYTES, nbytes - s) for s in range(0, nbytes, _CRC_PIECE_BYTES)]
+            jobs += [loop.run_in_executor(crc.pool, piece_crc, t, s, n)
+                     for s, n in zip(range(0, nbytes, _CRC_PIECE_BYTES), lengths, strict=True)]
+        else:
+            lengths = [nbytes]
+            jobs.append(loop.run_in_executor(crc.pool, leaf_crc, t))
+        shapes.append(lengths)
+    values = iter(await asyncio.gather(*jobs))
+    return [crc.combine_all([next(values) for _ in lengths], lengths) for lengths in shapes]
 
 
 def build(session_id: str, flat: Flat, crcs: list[int], *, tier: str = "T0", descriptor: bytes = b"") -> Manifest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import crc32c
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.errors import BadRequest
@@ -17,6 +17,25 @@ from tests.motion.dicthost import make_tree, tree_bytes
 def test_combine_equals_crc_of_the_concatenation(parts):
     crcs = [crc32c.crc32c(p) for p in parts]
     assert crc.combine_all(crcs, [len(p) for p in parts]) == crc32c.crc32c(b"".join(parts))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 20000), min_size=1, max_size=5), st.integers(256, 4096), st.booleans())
+def test_leaf_crcs_in_pieces_equal_one_pass_over_each_leaf(sizes, piece, strided):
+    """Leaves larger than the piece size are checksummed in pieces on every worker and combined."""
+    import asyncio
+
+    gen = torch.Generator().manual_seed(sum(sizes) + piece)
+    leaves = [torch.randint(0, 255, (n * 2,), dtype=torch.uint8, generator=gen) for n in sizes]
+    if strided:  # non-contiguous leaves take the one-task path
+        leaves = [t[::2] for t in leaves]
+    before = manifest._CRC_PIECE_BYTES
+    manifest._CRC_PIECE_BYTES = piece
+    try:
+        got = asyncio.run(manifest.leaf_crcs(leaves))
+    finally:
+        manifest._CRC_PIECE_BYTES = before
+    assert got == [crc32c.crc32c(t.contiguous().numpy().tobytes()) for t in leaves]
 
 
 async def test_flatten_roundtrip_keeps_structure_and_control_values():
