@@ -73,8 +73,9 @@ class Service:
         ttl = cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
         self._services_kv = await bus.ensure_kv(self.js, names.SERVICES_BUCKET, ttl_s=ttl,
                                                 replicas=cfg.nats_replicas)
-        await bus.serve(self.nc, self.ping_subject, Ping, self._on_ping, queue=self.ping_queue)
         await self.setup()
+        # Ping last: an answer means every verb `setup` serves is subscribed (callers use it as readiness).
+        await bus.serve(self.nc, self.ping_subject, Ping, self._on_ping, queue=self.ping_queue)
         await self._beat()
         self.spawn(self._heartbeat_loop(), "heartbeat")
         self.log.info("service_started", nats_url=cfg.nats_url, version=VERSION)
