@@ -96,15 +96,14 @@ class Ingress:
 
     async def _check_bound(self, session_id: str) -> None:
         """At most `max_pending_items` stored or queued but unreleased items per session (e.g. while unclaimed)."""
-        last, queued = self.appender.last_seq(session_id), self.appender.unstored(session_id)
+        last, unstored = self.appender.last_seq(session_id), self.appender.unstored(session_id)
         if last is None:  # no store since start: the writer reads the stored tail itself
-            if queued < self.max_pending_items:
-                return
-            raise errors.Busy(f"{self.max_pending_items} items already wait for this session",
-                              session_id=session_id, max_pending_items=self.max_pending_items)
-        if last + queued - await self.gateway.released(session_id) < self.max_pending_items:
-            return
-        if last + queued - await self.gateway.released(session_id, fresh=True) >= self.max_pending_items:
+            waiting = unstored
+        else:
+            waiting = last + unstored - await self.gateway.released(session_id)
+            if waiting >= self.max_pending_items:  # the cached release cursor may be behind: ask the log
+                waiting = last + unstored - await self.gateway.released(session_id, fresh=True)
+        if waiting >= self.max_pending_items:
             raise errors.Busy(f"{self.max_pending_items} items already wait for this session",
                               session_id=session_id, max_pending_items=self.max_pending_items)
 

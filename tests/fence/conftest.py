@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
 
 from libs import bus
+from libs.fence import log
 from libs.fence.client import EngineClient, Lease
 from libs.schemas.common import InputItem
 from libs.schemas.fence import RegisterReply, RegisterRequest
+from services.fence.input_reads import read_items
 from services.fence.service import FenceConfig, FenceService
 
 
@@ -104,3 +107,25 @@ async def wait_for(predicate, timeout_s: float = 10.0, every_s: float = 0.02) ->
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(every_s)
+
+
+async def stored_items(js, session_id: str) -> list[InputItem]:
+    return [i for i, _ in await read_items(js, session_id, 0, 0, max_items=1 << 20, max_bytes=1 << 40)]
+
+
+async def stored_batches(js, session_id: str) -> int:
+    info = await js.stream_info(log.INPUT_STREAM, subjects_filter=log.input_subject(session_id))
+    return (info.state.subjects or {}).get(log.input_subject(session_id), 0)
+
+
+async def burst(http, fence, session_id: str, token: str, frames: list[str]) -> list[dict]:
+    """Send every frame over one WebSocket without waiting, then read one answer per frame."""
+    url = f"http://127.0.0.1:{fence.http_port}/v1/sessions/{session_id}/ws"
+    async with http.ws_connect(url, headers={"Authorization": f"Bearer {token}"}) as ws:
+        for f in frames:
+            await ws.send_str(f)
+        return [await ws.receive_json() for _ in frames]
+
+
+def frame(text: str) -> str:
+    return json.dumps({"kind": "text", "data": text})

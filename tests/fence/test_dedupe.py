@@ -8,8 +8,7 @@ import json
 import random
 
 from libs.fence import ownership
-from tests.fence.conftest import engine, post, register, start_fence, wait_for
-from tests.fence.test_group_commit import burst, stored_items
+from tests.fence.conftest import burst, engine, post, register, start_fence, stored_items, wait_for
 
 
 def item(text: str, item_id: str | None) -> dict:

@@ -21,29 +21,16 @@ from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
 from services.fence.input_reads import read_items
 from services.fence.inputs import InputAppender, Stored
-from tests.fence.conftest import engine, register, start_fence, wait_for
-
-
-async def stored_items(js, session_id: str) -> list[InputItem]:
-    return [i for i, _ in await read_items(js, session_id, 0, 0, max_items=1 << 20, max_bytes=1 << 40)]
-
-
-async def stored_batches(js, session_id: str) -> int:
-    info = await js.stream_info(log.INPUT_STREAM, subjects_filter=log.input_subject(session_id))
-    return (info.state.subjects or {}).get(log.input_subject(session_id), 0)
-
-
-async def burst(http, fence, session_id: str, token: str, frames: list[str]) -> list[dict]:
-    """Send every frame without waiting, then read one answer per frame."""
-    url = f"http://127.0.0.1:{fence.http_port}/v1/sessions/{session_id}/ws"
-    async with http.ws_connect(url, headers={"Authorization": f"Bearer {token}"}) as ws:
-        for f in frames:
-            await ws.send_str(f)
-        return [await ws.receive_json() for _ in frames]
-
-
-def frame(text: str) -> str:
-    return json.dumps({"kind": "text", "data": text})
+from tests.fence.conftest import (
+    burst,
+    engine,
+    frame,
+    register,
+    start_fence,
+    stored_batches,
+    stored_items,
+    wait_for,
+)
 
 
 async def test_a_burst_shares_stores_and_is_answered_in_frame_order(fence, nc, http):
