@@ -7,7 +7,8 @@ service's config turns export on.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
 from opentelemetry import metrics, trace
 
@@ -60,3 +61,17 @@ def counter(name: str, description: str) -> metrics.Counter:
 
 def histogram(name: str, description: str, unit: str = "ms") -> metrics.Histogram:
     return meter().create_histogram(name, description=description, unit=unit)
+
+
+def traced(span_name: str, handler: Callable[[Any], Awaitable[Any]], *,
+           tracer_name: str = "statefleet", **attributes: str) -> Callable[[Any], Awaitable[Any]]:
+    """Wrap a request handler in a span named `span_name`, tagged with the request's session_id (if any)
+    and the given constant attributes."""
+    spans = tracer(tracer_name)
+
+    async def run(req: Any) -> Any:
+        attrs = {"session_id": getattr(req, "session_id", ""), **attributes}
+        with spans.start_as_current_span(span_name, attributes=attrs):
+            return await handler(req)
+
+    return run
