@@ -40,3 +40,14 @@ def output_subject(session_id: str) -> str:
 
 # Object Store bucket for small session checkpoints (owner: engine_host; large ones go to a filesystem path).
 CHECKPOINTS_BUCKET = "sf_checkpoints"
+
+
+# ---- failover, capacity and host lifecycle (issue 11, placement) ----
+# KV: one `HostRecord` per engine host: lifecycle state and capacity reservations, CAS on revision (owner: placement).
+CAPACITY_BUCKET = "sf_capacity"
+# Request/reply (owner: placement): HostsRequest → HostList; HostRequest → DrainReport / HostInfo.
+PLACEMENT_HOSTS = "sf.placement.hosts"
+PLACEMENT_DRAIN = "sf.placement.drain"
+PLACEMENT_UNDRAIN = "sf.placement.undrain"
+# Request/reply: MoveRequest → MoveReceipt (owner: mover); placement's drain asks it for live moves.
+MOVER_MOVE = "sf.mover.move"

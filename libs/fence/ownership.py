@@ -34,8 +34,10 @@ class Assigned:
 
 
 async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str, *,
-                 expect_version: int | None = None) -> Assigned:
-    """Make `server_id` the assigned owner (unclaimed) with the next version; notify it."""
+                 expect_version: int | None = None, incarnation: str = "") -> Assigned:
+    """Make `server_id` the assigned owner (unclaimed) with the next version; notify it.
+
+    `incarnation` names the one process of `server_id` that may claim ("" = whichever runs there)."""
     log.check_session_id(session_id)
     for _ in range(MAX_CAS_ATTEMPTS):
         tail = await log.read_tail(js, session_id)
@@ -43,7 +45,7 @@ async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str
         if expect_version is not None and latest != expect_version:
             raise errors.Conflict(f"session is at version {latest}, not {expect_version}",
                                   session_id=session_id, latest=latest, expected=expect_version)
-        event = core.decide_assign(tail.view, server_id, latest + 1)
+        event = core.decide_assign(tail.view, server_id, latest + 1, incarnation)
         try:
             new = await log.append(js, session_id, tail, event)
         except errors.Conflict:
@@ -73,6 +75,7 @@ async def update_summary(js: JetStreamContext, session_id: str, view: SessionVie
         summary.owner_server_id = owner.server_id if owner else ""
         summary.owner_version = owner.version if owner else 0
         summary.claimed = core.current_owner(view) is not None
+        summary.owner_incarnation = view.incarnation
         summary.state = "closed" if view.closed else ("serving" if summary.claimed else
                                                        "assigned" if owner else "pending")
         for key, value in fields.items():

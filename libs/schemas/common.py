@@ -68,6 +68,8 @@ class EngineEntry(Msg):
     busy_fraction: float = 0.0  # share of device time taken by admitted sessions' steady-state quanta
     state_bytes_resident: int = 0
     data_addr: str = ""  # host:port of the mover data plane (TCP) on this host
+    incarnation: str = ""  # random per engine-host process start: a new one is a restarted host
+    heartbeat_s: float = 0.0  # how often this host beats; placement declares it dead after missed beats
 
 
 class SessionSummary(Msg):
@@ -81,6 +83,7 @@ class SessionSummary(Msg):
     owner_version: int = 0
     claimed: bool = False
     updated_at: float = 0.0
+    owner_incarnation: str = ""  # the owner's engine-host process (see SessionView.incarnation)
 
 
 class InputItem(Msg):

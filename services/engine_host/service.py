@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -38,6 +39,9 @@ from services.engine_host.runtime import EngineRuntime
 
 
 class EngineHostConfig(BaseConfig, kw_only=True):
+    # Placement declares a host dead after HEARTBEAT_TTL_FACTOR beats without one (1.5 s): the failover
+    # budget (docs/placement.md says what it costs the bus).
+    heartbeat_s: PositiveFloat = 0.5
     host_id: str = ""
     device: str = "cpu"
     max_sessions: PositiveInt = 64
@@ -75,6 +79,8 @@ class EngineHostService(Service):
         config.instance_id = config.instance_id or config.host_id or f"{socket.gethostname()}-{config.device}"
         super().__init__(config)
         self.host_id = config.host_id or self.instance
+        # This process: claims carry it, and a restart is a new one that inherits no session.
+        self.incarnation = uuid.uuid4().hex[:16]
         self.device = torch.device(config.device)
         self.profile: list[ProfileRow] = []
 
@@ -122,12 +128,15 @@ class EngineHostService(Service):
             await bus.serve(self.nc, subject, req_type, self._traced(verb, handler), concurrency=cfg.verb_concurrency)
         self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind)
         self.data_addr = await self.motion.start()
-        fence = EngineClient(self.nc, self.js, self.host_id)
-        await fence.start()
-        self.ownership = Ownership(fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
+        self.fence = EngineClient(self.nc, self.js, self.host_id, incarnation=self.incarnation,
+                                  suspect_after_s=cfg.heartbeat_s * (names.HEARTBEAT_TTL_FACTOR - 1))
+        await self.heartbeat()  # placement knows this incarnation before it claims anything
+        await self.fence.start()
+        self.ownership = Ownership(self.fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
                                    orphan_grace_s=cfg.orphan_grace_s)
         self.spawn(self.ownership.run(), "ownership")
-        self.log.info("engine_host_ready", host_id=self.host_id, device=str(self.device),
+        self.log.info("engine_host_ready", host_id=self.host_id, incarnation=self.incarnation,
+                      device=str(self.device),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 
     def _measure_profile(self) -> list[ProfileRow]:
@@ -165,8 +174,10 @@ class EngineHostService(Service):
         entry = EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=total,
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
                             sessions=len(rt.sessions), profile=self.profile, busy_fraction=rt.busy_fraction(),
-                            state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr)
+                            state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
+                            incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s)
         await self.engines_kv.put(self.host_id, encode(entry))
+        self.fence.heartbeat_landed(time.monotonic())
 
     async def teardown(self) -> None:
         await self.ownership.stop()
