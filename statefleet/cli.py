@@ -1,4 +1,4 @@
-"""`statefleet` command line: up, serve, status, engines, admit-calc, session."""
+"""`statefleet` command line: up, serve, status, engines, host, admit-calc, session."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _up(args: argparse.Namespace) -> int:
     from statefleet.supervisor import Supervisor
 
     return Supervisor(data_dir=args.data_dir, nats_url=args.nats_url, engines=args.engines,
-                      device=args.device).run()
+                      device=args.device, admin_token=args.admin_token).run()
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-url", default="", help="use this NATS instead of starting one")
     up.add_argument("--engines", type=int, default=2, help="engine hosts to start (default 2)")
     up.add_argument("--device", default="cpu", help="device for engine hosts: cpu, or cuda to use cuda:0..N-1")
+    up.add_argument("--admin-token", default="",
+                    help="admission's admin API token (default: $SF_ADMIN_TOKEN, else generated into DATA_DIR/admin.token)")
     up.set_defaults(func=_up)
 
     serve = sub.add_parser("serve", help="run one service in the foreground")
@@ -96,9 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_argument("--codec-ms", type=float, default=0.0, help="codec time Y")
     calc.set_defaults(func=_admit_calc)
 
-    from statefleet import session
+    from statefleet import hosts, session
 
     session.add_parser(sub)
+    hosts.add_parser(sub)
     return p
 
 

@@ -10,6 +10,7 @@ keeps crashing stops the whole tree with a non-zero exit.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from libs.procs import die_with_parent
 
 # Fixed HTTP ports for the two HTTP front doors (override with SF_*_HTTP_PORT in the environment).
 HTTP_PORTS = {"admission": 8700, "fence": 8701}
+# Placement runs as this many instances: none is special, so losing one mid-failover loses nothing.
+PLACEMENT_INSTANCES = 2
 RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 10.0
@@ -31,14 +34,11 @@ STOP_GRACE_S = 10.0
 @dataclass
 class Child:
     name: str
+    service: str
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
-
-    @property
-    def service(self) -> str:
-        return "engine_host" if self.name.startswith("engine") else self.name
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it from here
@@ -55,8 +55,9 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, *, data_dir: str, nats_url: str, engines: int, device: str) -> None:
+    def __init__(self, *, data_dir: str, nats_url: str, engines: int, device: str, admin_token: str = "") -> None:
         self.data_dir = Path(data_dir).resolve()
+        self.admin_token = admin_token or os.environ.get("SF_ADMIN_TOKEN", "")
         self.nats_url = nats_url
         self.engines = engines
         self.device = device
@@ -87,22 +88,36 @@ class Supervisor:
 
     def _start_children(self) -> None:
         base = {"SF_NATS_URL": self.nats_url, "SF_LOG_JSON": "true"}
-        for name in names.SERVICES:
-            if name == "engine_host":
+        for service in names.SERVICES:
+            if service == "engine_host":
                 continue
-            env = {**base, "SF_INSTANCE_ID": f"{name}-0"}
-            if name in HTTP_PORTS:
-                env["SF_HTTP_PORT"] = self._http_port(name)
-            if name == "admission":  # clients are told where fence's ingress is
-                env["SF_INGRESS_URL"] = f"http://127.0.0.1:{self._http_port('fence')}"
-            self.children.append(Child(name, env, self.data_dir / "logs" / f"{name}.log"))
+            for i in range(PLACEMENT_INSTANCES if service == "placement" else 1):
+                name = f"{service}-{i}" if service == "placement" else service
+                env = {**base, "SF_INSTANCE_ID": f"{service}-{i}"}
+                if service in HTTP_PORTS:
+                    env["SF_HTTP_PORT"] = self._http_port(service)
+                if service == "admission":  # clients are told where fence's ingress is
+                    env["SF_INGRESS_URL"] = f"http://127.0.0.1:{self._http_port('fence')}"
+                    env["SF_ADMIN_TOKEN"] = self._admin_token()
+                self.children.append(Child(name, service, env, self.data_dir / "logs" / f"{name}.log"))
         for i in range(self.engines):
             device = f"cuda:{i}" if self.device == "cuda" else self.device
             env = {**base, "SF_HOST_ID": f"engine-{i}", "SF_INSTANCE_ID": f"engine-{i}", "SF_DEVICE": device,
                    "SF_CHECKPOINT_DIR": str(self.data_dir / "checkpoints")}
-            self.children.append(Child(f"engine-{i}", env, self.data_dir / "logs" / f"engine-{i}.log"))
+            self.children.append(Child(f"engine-{i}", "engine_host", env,
+                                       self.data_dir / "logs" / f"engine-{i}.log"))
         for child in self.children:
             child.start()
+
+    def _admin_token(self) -> str:
+        """The admin API's bearer token: given, else the one this data dir already has, else a new one (0600)."""
+        path = self.data_dir / "admin.token"
+        if not self.admin_token:
+            self.admin_token = path.read_text().strip() if path.exists() else secrets.token_urlsafe(32)
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(self.admin_token + "\n")
+        return self.admin_token
 
     @staticmethod
     def _http_port(service: str) -> str:
@@ -117,6 +132,7 @@ class Supervisor:
             where = c.env.get("SF_DEVICE") or (f"http://127.0.0.1:{c.env['SF_HTTP_PORT']}"
                                                if "SF_HTTP_PORT" in c.env else "bus only")
             print(f"{c.name:<12} {c.proc.pid:>7}  {where:<28} {c.log_path}")
+        print(f"admin API token (Authorization: Bearer): {self.data_dir / 'admin.token'}")
         print("`statefleet status` shows the fleet; Ctrl-C stops everything.", flush=True)
 
     def _watch(self) -> int:

@@ -54,6 +54,7 @@ class HostRecord(Msg):
 
 # ---------------------------------------------------------------- host lifecycle (`sf.placement.hosts|drain|undrain`)
 
+HOST_ID_PATTERN = "^[A-Za-z0-9_-]{1,64}$"  # host ids are subject tokens
 HostLiveness = Literal["up", "draining", "drained", "dead"]
 DrainOutcome = Literal["moved", "handed_over", "no_room", "failed"]
 

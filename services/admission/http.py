@@ -6,6 +6,9 @@ Routes (the OpenAPI document at `/openapi.json` is the contract):
   DELETE /v1/sessions/{session_id}    → 204
   GET    /v1/admin/queue              → QueueView   (Authorization: Bearer <admin_token>)
   GET    /v1/admin/fleet              → FleetView   (Authorization: Bearer <admin_token>)
+  GET    /v1/admin/hosts              → HostList    (admin; placement's view: up/draining/drained/dead)
+  POST   /v1/admin/hosts/{host_id}/drain    → DrainReport (admin; answers once the host is empty)
+  POST   /v1/admin/hosts/{host_id}/undrain  → HostInfo    (admin)
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from libs.schemas.admission import (
     Verdict,
 )
 from libs.schemas.base import check_version
+from libs.schemas.placement import HOST_ID_PATTERN, DrainReport, HostInfo, HostList
 from services.admission.openapi import OPENAPI
 
 log = structlog.get_logger("statefleet.admission.http")
 PROBLEM = "application/problem+json"
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
+_HOST_ID = re.compile(HOST_ID_PATTERN)
 _FIELD = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 
@@ -47,6 +52,9 @@ class SessionApi(Protocol):
     async def delete(self, session_id: str) -> None: ...
     def queue_view(self) -> QueueView: ...
     def fleet_view(self) -> FleetView: ...
+    async def hosts(self) -> HostList: ...
+    async def drain(self, host_id: str) -> DrainReport: ...
+    async def undrain(self, host_id: str) -> HostInfo: ...
 
 
 def make_app(api: SessionApi, admin_token: str) -> web.Application:
@@ -69,6 +77,18 @@ def make_app(api: SessionApi, admin_token: str) -> web.Application:
         _authorize(request, admin_token)
         return _json(api.fleet_view())
 
+    async def hosts(request: web.Request) -> web.Response:
+        _authorize(request, admin_token)
+        return _json(await api.hosts())
+
+    async def drain(request: web.Request) -> web.Response:
+        _authorize(request, admin_token)
+        return _json(await api.drain(_host_id(request)))
+
+    async def undrain(request: web.Request) -> web.Response:
+        _authorize(request, admin_token)
+        return _json(await api.undrain(_host_id(request)))
+
     async def openapi(_: web.Request) -> web.Response:
         return web.json_response(OPENAPI)
 
@@ -78,6 +98,9 @@ def make_app(api: SessionApi, admin_token: str) -> web.Application:
     app.router.add_delete("/v1/sessions/{session_id}", delete)
     app.router.add_get("/v1/admin/queue", queue, allow_head=False)
     app.router.add_get("/v1/admin/fleet", fleet, allow_head=False)
+    app.router.add_get("/v1/admin/hosts", hosts, allow_head=False)
+    app.router.add_post("/v1/admin/hosts/{host_id}/drain", drain)
+    app.router.add_post("/v1/admin/hosts/{host_id}/undrain", undrain)
     app.router.add_get("/openapi.json", openapi, allow_head=False)
     return app
 
@@ -119,6 +142,13 @@ def _session_id(request: web.Request) -> str:
     if not _SESSION_ID.fullmatch(sid):
         raise BadRequest("session_id must be 32 lowercase hex digits", field="session_id")
     return sid
+
+
+def _host_id(request: web.Request) -> str:
+    host_id = request.match_info["host_id"]
+    if not _HOST_ID.fullmatch(host_id):
+        raise BadRequest("host_id must be 1-64 of [A-Za-z0-9_-]", field="host_id")
+    return host_id
 
 
 def _authorize(request: web.Request, admin_token: str) -> None:

@@ -64,11 +64,11 @@ class Drainer:
             if not ready:
                 break  # nothing had room: another pass would decide the same
         remaining = len(await self._owned(host))
+        record = await svc.records.change(host, _drained if remaining == 0 else lambda r: r)
         if remaining == 0:
             await self._wait_resident_gone(host)
-            await svc.records.change(host, _drained)
-        report = DrainReport(host_id=host, state=svc.host_info(host).state, outcomes=_last_per_session(outcomes),
-                             remaining=remaining)
+        state = record.state if host in svc.liveness.live else "dead"
+        report = DrainReport(host_id=host, state=state, outcomes=_last_per_session(outcomes), remaining=remaining)
         svc.log.info("host_drain_done", host_id=host, state=report.state, remaining=remaining,
                      outcomes=[(o.session_id, o.outcome) for o in report.outcomes])
         return report

@@ -55,6 +55,8 @@ class KvMirror(Generic[M]):
                 continue
             try:
                 await self._follow(watcher)
+            except nats.errors.TimeoutError:
+                _log.debug("kv_watch_reopen", bucket=self.kv._name)  # quiet, or the connection was lost
             except (nats.errors.Error, TimeoutError) as e:
                 _log.info("kv_watch_reopen", bucket=self.kv._name, reason=type(e).__name__)
             finally:
