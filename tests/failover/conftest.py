@@ -86,6 +86,10 @@ class Stack:
             self.engines[h] = EngineProc(self.url, h, self.tmp, **env).start()
         for h in host_ids:
             await eventually(lambda h=h: self.answers(h), 60)
+            await eventually(lambda h=h: self.placements_see(h), 10)
+
+    async def placements_see(self, host_id: str) -> bool:
+        return all(p.liveness.entry(host_id) is not None for p in self.placements if not p._stopping.is_set())
 
     async def answers(self, host_id: str) -> bool:
         try:

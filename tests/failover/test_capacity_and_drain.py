@@ -69,6 +69,19 @@ async def test_drain_moves_every_session_off_and_stops_placing_there(stack):
         check_log(await read_log(stack.js, sid))
     placed = await stack.create("d9")
     assert placed.host_id != "e0"  # a drained host takes no new session
+    # A horizon no move can meet makes every live move inadmissible: e1's sessions are handed over instead.
+    for p in stack.placements:
+        p.config.drain_move_deadline_s = 1e-4
+    on_e1 = sorted([sid for sid in [*sids, "d9"] if (await stack.owner(sid)).owner.server_id == "e1"])
+    report = await bus.request(stack.nc, names.PLACEMENT_DRAIN, HostRequest(host_id="e1"), DrainReport,
+                               timeout_s=120)
+    assert report.state == "drained" and [o.session_id for o in report.outcomes] == on_e1
+    assert all(o.outcome == "handed_over" and o.dest == "e2" and "rejected" in o.detail for o in report.outcomes)
+    for sid in on_e1:
+        n = 4 if sid != "d9" else 0
+        await stack.send(sid, n + 1, n + 2)
+        await eventually(lambda sid=sid, n=n: stack.consumed(sid, n + 2))
+        check_log(await read_log(stack.js, sid))
 
 
 async def test_concurrent_placements_through_two_instances_never_over_commit(stack):
