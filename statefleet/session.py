@@ -18,16 +18,13 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from libs import bus, errors
-from libs.fence import log as fence_log
+from libs import bus, errors, names
 from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
 from libs.schemas.engine import OutputChunk
 from libs.schemas.fence import LogRecord
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from statefleet.status import default_nats_url
-
-MOVE_SUBJECT = "sf.mover.move"
 
 
 def _sessions_dir(data_dir: str) -> Path:
@@ -109,7 +106,7 @@ async def move(args) -> int:
             raise errors.NotFound(f"session {args.session_id} has no owner to move from", session_id=args.session_id)
         req = MoveRequest(session_id=args.session_id, source=owner.server_id, dest=args.to,
                           deadline_s=args.deadline_s, mode=args.mode)
-        receipt = await bus.request(nc, MOVE_SUBJECT, req, MoveReceipt, timeout_s=args.deadline_s + 30)
+        receipt = await bus.request(nc, names.MOVER_MOVE, req, MoveReceipt, timeout_s=args.deadline_s + 30)
     finally:
         await nc.close()
     print(json.dumps(msgspec.to_builtins(receipt), indent=2))
@@ -149,8 +146,8 @@ async def watch(args) -> int:
 
     try:
         show_owner((await read_owner(nc.jetstream(), sid)).view)
-        await nc.subscribe(fence_log.log_subject(sid), cb=on_log)
-        await bus.subscribe_events(nc, f"sf.output.{sid}", OutputChunk, on_output)
+        await nc.subscribe(names.session_log_subject(sid), cb=on_log)
+        await bus.subscribe_events(nc, names.output_subject(sid), OutputChunk, on_output)
         try:
             await asyncio.wait_for(done.wait(), args.seconds or None)
         except TimeoutError:
