@@ -24,6 +24,7 @@ from libs.schemas.base import decode
 from libs.schemas.engine import OutputChunk
 from libs.schemas.fence import LogRecord
 from libs.schemas.motion import MoveReceipt, MoveRequest
+from libs.session_classes import SESSION_CLASSES
 from statefleet.status import default_nats_url
 
 
@@ -164,7 +165,7 @@ def add_parser(sub) -> None:
 
     c = verbs.add_parser("create", help="admit a session (POST /v1/sessions) and save its input token")
     c.add_argument("--backend", default="avatar", choices=["avatar", "world"])
-    c.add_argument("--class", dest="session_class", default="C1", choices=["C1", "C2a", "C2b", "C3", "C4", "C5"])
+    c.add_argument("--class", dest="session_class", default="C1", choices=SESSION_CLASSES)
     c.add_argument("--period-ms", type=float, default=200.0, help="C1: one block per period (0: none)")
     c.add_argument("--deadline-ms", type=float, default=0.0)
     c.add_argument("--quality-floor", type=int, default=1)
