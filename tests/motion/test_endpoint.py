@@ -8,7 +8,7 @@ import pytest
 
 from libs import bus, names
 from libs.errors import BadRequest, Conflict, IntegrityError, NotFound
-from libs.motion import crc, transport
+from libs.motion import crc, inprocess
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.motion import (
     AdmitMove,
@@ -65,7 +65,7 @@ async def test_stop_and_copy_installs_the_exact_bytes(nc, pair, path, codec, pla
     a.add("s", make_tree(11), b"desc")
     want = tree_bytes(a.trees["s"])
     if path == "tcp":
-        transport.local_receivers.pop(eb.data_addr)
+        inprocess.local_receivers.pop(eb.data_addr)
     m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
     v = await admit(nc, m, "m1")
     assert v.admissible and len(v.token) == 32
@@ -81,7 +81,7 @@ async def test_stop_and_copy_installs_the_exact_bytes(nc, pair, path, codec, pla
 async def test_precopy_converges_while_the_session_keeps_generating(nc, pair):
     a, b, _, eb = pair
     a.add("s", make_tree(12, leaf_bytes=256 << 10))
-    transport.local_receivers.pop(eb.data_addr)
+    inprocess.local_receivers.pop(eb.data_addr)
     stop = asyncio.Event()
     runner = asyncio.create_task(a.run("s", stop, block_s=0.01))
     m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
@@ -152,7 +152,7 @@ async def test_a_staged_byte_flipped_after_verify_is_caught_by_commit(nc, pair, 
     a.add("s", make_tree(17))
     want = tree_bytes(a.trees["s"])
     if path == "tcp":
-        transport.local_receivers.pop(eb.data_addr)
+        inprocess.local_receivers.pop(eb.data_addr)
     m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s", fingerprint=False), Manifest)
     v = await admit(nc, m, "m6")
     r = await migrate(nc, v, "m6")

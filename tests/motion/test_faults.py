@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from libs.motion.faults import KINDS, run_campaign
+from bench.mover_faults import KINDS, run_campaign
 
 
 async def test_a_thousand_faults_fail_closed():
