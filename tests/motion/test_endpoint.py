@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from libs import bus, names
 from libs.errors import BadRequest, Conflict, IntegrityError, NotFound
-from libs.motion import crc, inprocess
+from libs.motion import crc, inprocess, manifest
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.motion import (
     AdmitMove,
@@ -166,6 +167,31 @@ async def test_a_staged_byte_flipped_after_verify_is_caught_by_commit(nc, pair, 
     await bus.request(nc, verb("b", "rollback"), slot, SlotDone)
     await bus.request(nc, verb("a", "rollback"), SlotRequest(session_id="s", move_id="m6"), SlotDone)
     assert tree_bytes(a.trees["s"]) == want  # the source stayed authoritative
+
+
+@pytest.mark.parametrize("path", ["tcp", "inprocess"])
+async def test_verify_refuses_a_staged_copy_whose_crcs_disagree_with_the_manifest(nc, pair, path):
+    a, b, _, eb = pair
+    a.add("s", make_tree(18))
+    if path == "tcp":
+        inprocess.local_receivers.pop(eb.data_addr)
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
+    v = await admit(nc, m, "m7")
+    r = await migrate(nc, v, "m7")
+    # A manifest that is consistent in itself but names another CRC for one leaf than was staged.
+    leaves = list(r.manifest.leaves)
+    leaves[1] = msgspec.structs.replace(leaves[1], crc32c=leaves[1].crc32c ^ 1)
+    other = msgspec.structs.replace(r.manifest, leaves=leaves, fingerprint=manifest.whole_fingerprint(
+        r.manifest.topology, r.manifest.control, [x.crc32c for x in leaves]))
+    manifest.check_consistent(other)
+    said = await bus.request(nc, verb("b", "verify"), SlotRequest(session_id="s", move_id="m7", manifest=other),
+                             Verified)
+    assert not said.ok and "differ from the manifest" in said.reason
+    # The slot is dropped: not even the true manifest can commit it now.
+    with pytest.raises(Conflict):
+        await bus.request(nc, verb("b", "commit"), SlotRequest(session_id="s", move_id="m7", manifest=r.manifest),
+                          SlotDone)
+    assert b.installs == 0 and "s" not in b.trees
 
 
 async def test_inadmissible_move_arms_nothing(nc, pair):
