@@ -10,9 +10,10 @@ from collections.abc import Callable
 import structlog
 
 from libs.errors import StatefleetError
+from libs.session_classes import PERIODIC
 from libs.tasks import spawn
 from services.engine_host.pipeline import StagePipeline
-from services.engine_host.scheduler import PERIODIC, Dispatch, EdfScheduler
+from services.engine_host.scheduler import Dispatch, EdfScheduler
 from services.engine_host.session import Session, SessionTable
 from services.engine_host.stages import BlockJob
 from services.engine_host.work import Item, Work

@@ -15,11 +15,12 @@ import structlog
 
 from libs.errors import BadRequest, Busy, Conflict
 from libs.schemas.engine import OpenSession, SessionInfo
+from libs.session_classes import PERIODIC
 from services.engine_host.backends import Backend
 from services.engine_host.costs import Backends, shape_of
 from services.engine_host.metrics import SessionStats
 from services.engine_host.pipeline import StagePipeline
-from services.engine_host.scheduler import PERIODIC, Dispatch, EdfScheduler, Task
+from services.engine_host.scheduler import Dispatch, EdfScheduler, Task
 from services.engine_host.session import SID_RE, Session, SessionTable
 from services.engine_host.stages import BlockJob
 

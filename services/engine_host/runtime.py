@@ -31,6 +31,7 @@ from libs.checkpoint import CheckpointStore, tree_bytes
 from libs.errors import BadRequest, Conflict
 from libs.schemas.common import InputItem, ProfileRow
 from libs.schemas.engine import CheckpointRef, HostStatus, OpenSession, SessionInfo, SessionMetrics
+from libs.session_classes import PERIODIC
 from services.engine_host import torch_threads
 from services.engine_host.backends import Backend
 from services.engine_host.boundary import Boundaries
@@ -40,7 +41,7 @@ from services.engine_host.host_endpoint import HostEndpoint
 from services.engine_host.lifecycle import Lifecycle
 from services.engine_host.offload import Offload
 from services.engine_host.pipeline import StagePipeline
-from services.engine_host.scheduler import PERIODIC, Dispatch, EdfScheduler
+from services.engine_host.scheduler import Dispatch, EdfScheduler
 from services.engine_host.session import SessionTable
 from services.engine_host.sink import OutputSink, Publish
 from services.engine_host.snapshots import Snapshots

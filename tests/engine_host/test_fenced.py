@@ -10,7 +10,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from libs import bus
+from libs import bus, names
 from libs.contracts import Contract
 from libs.fence.ownership import assign, read_owner
 from libs.schemas.fence import MetaRequest, RegisterReply, RegisterRequest, SessionMeta
@@ -40,7 +40,7 @@ async def fence(nats_server):
 async def register(nc, sid: str) -> str:
     req = RegisterRequest(session_id=sid, backend="avatar", seed=3, prompt="narrator",
                           contract=msgspec.msgpack.encode(CONTRACT), tier=1)
-    return (await bus.request(nc, "sf.fence.register", req, RegisterReply)).token
+    return (await bus.request(nc, names.FENCE_REGISTER, req, RegisterReply)).token
 
 
 async def eventually(fn, timeout_s: float = 20.0):
@@ -94,7 +94,7 @@ async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats
         await post_items(fence, "s2", token, [json.dumps(i) for i in range(1, 6)], first_seq=1)
 
         async def checkpointed():
-            meta = await bus.request(nc, "sf.fence.meta", MetaRequest(session_id="s2"), SessionMeta)
+            meta = await bus.request(nc, names.FENCE_META, MetaRequest(session_id="s2"), SessionMeta)
             return meta if meta.checkpoint_cursor == 5 else None
 
         meta = await eventually(checkpointed)
@@ -104,7 +104,7 @@ async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats
         await h1.assignments.stop()
         await h1.nc.close()
         await post_items(fence, "s2", token, [json.dumps(i) for i in range(6, 9)], first_seq=6)
-        meta = await bus.request(nc, "sf.fence.meta", MetaRequest(session_id="s2"), SessionMeta)
+        meta = await bus.request(nc, names.FENCE_META, MetaRequest(session_id="s2"), SessionMeta)
         await assign(nc, js, "s2", "h2")
         await eventually(lambda: claimed_by(js, "s2", "h2"))
 
