@@ -41,12 +41,9 @@ REPORT_EVERY_S = 0.5
 def open_spec(meta: SessionMeta) -> OpenSession:
     """The engine session a registered session starts as, from its contract."""
     contract = msgspec.msgpack.decode(meta.contract, type=Contract)
-    period_ms = contract.period_ms or 0.0
-    if period_ms == 0.0 and contract.session_class in ("C2a", "C2b") and contract.deadline_ms:
-        period_ms = contract.deadline_ms / contract.blocks_per_window
     return OpenSession(session_id=meta.session_id, backend=meta.backend, seed=meta.seed, prompt=meta.prompt,
                        quality_floor=contract.quality_floor, session_class=contract.session_class,
-                       period_ms=period_ms, determinism=contract.determinism)
+                       period_ms=contract.release_period_ms, determinism=contract.determinism)
 
 
 class Ownership:

@@ -27,8 +27,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PERIODIC = ("C1", "C2a", "C2b")
-BULK_ORDER = ("C3", "C4", "C5")
+from libs.session_classes import BULK_ORDER, PERIODIC
+
 CLASS_RANK = {c: i for i, c in enumerate(PERIODIC + BULK_ORDER)}
 
 # cost(shape, tier, batch) -> estimated seconds of one quantum

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from libs.fence import log, ownership
+from libs.fence import ownership, session_log
 from libs.fence.client import EngineClient
 from libs.schemas.common import InputItem
 from libs.schemas.fence import Release
@@ -23,7 +23,7 @@ def item(seq: int, text: str) -> InputItem:
 
 
 async def write(js, release: Release) -> None:
-    await log.append(js, SID, await log.read_tail(js, SID), release)
+    await session_log.append(js, SID, await session_log.read_tail(js, SID), release)
 
 
 @pytest.mark.parametrize("offset", [-1, +1], ids=["older_version", "newer_version"])

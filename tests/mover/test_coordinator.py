@@ -17,7 +17,7 @@ from libs.motion.endpoint import MotionEndpoint
 from libs.motion.slot import SlotState
 from libs.schemas.common import Ping, Pong
 from libs.schemas.motion import MoveReceipt, MoveRequest
-from services.mover.service import MOVE_SUBJECT, RECEIPT_PREFIX, MoverConfig, MoverService
+from services.mover.service import MoverConfig, MoverService
 from tests.motion.dicthost import DictHost, advance, make_tree, tree_bytes
 
 
@@ -33,7 +33,7 @@ async def endpoints(nats_server, nc):
     async def on_receipt(r: MoveReceipt) -> None:
         receipts.append(r)
 
-    await bus.subscribe_events(nc, f"{RECEIPT_PREFIX}.>", MoveReceipt, on_receipt)
+    await bus.subscribe_events(nc, names.MOVE_RECEIPT_SUBJECTS, MoveReceipt, on_receipt)
     yield hosts, eps, receipts
     for ep in eps.values():
         await ep.stop()
@@ -62,7 +62,7 @@ async def spy(nc, verb: str) -> list[str]:
 
 
 async def move(nc, **kw) -> MoveReceipt:
-    return await bus.request(nc, MOVE_SUBJECT, MoveRequest(**kw), MoveReceipt, timeout_s=30)
+    return await bus.request(nc, names.MOVER_MOVE, MoveRequest(**kw), MoveReceipt, timeout_s=30)
 
 
 async def test_committed_move_is_bit_identical_and_continues_identically(nc, fleet):
