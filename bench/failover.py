@@ -41,7 +41,6 @@ import nats.js.errors
 from bench.common import parser, percentile, table, write
 from libs import bus, errors, logs, names
 from libs.contracts import Contract, Guard
-from libs.fence import log as fence_log
 from libs.fence.ownership import assign, read_owner
 from libs.natsd import NatsServer
 from libs.schemas.base import decode
@@ -135,7 +134,7 @@ class Bench:
     async def create(self, sid: str) -> None:
         req = RegisterRequest(session_id=sid, backend="avatar", seed=7, prompt="narrator",
                               contract=msgspec.msgpack.encode(CONTRACT), tier=1)
-        self.tokens[sid] = (await bus.request(self.nc, "sf.fence.register", req, RegisterReply)).token
+        self.tokens[sid] = (await bus.request(self.nc, names.FENCE_REGISTER, req, RegisterReply)).token
         p = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
             session_id=sid, backend="avatar", contract=CONTRACT, guard=Guard()), Placement)
         await assign(self.nc, self.js, sid, p.host_id, incarnation=p.incarnation)
@@ -164,7 +163,7 @@ class Bench:
         pos = 1
         while True:
             try:
-                raw = await self.js.get_msg(fence_log.SESSION_STREAM, seq=pos, subject=fence_log.log_subject(sid),
+                raw = await self.js.get_msg(names.SESSION_STREAM, seq=pos, subject=names.session_log_subject(sid),
                                             next=True, direct=True)
             except nats.js.errors.NotFoundError:
                 raise AssertionError(f"no claim at v{version} for {sid}") from None

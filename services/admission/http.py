@@ -2,7 +2,7 @@
 
 Routes (the OpenAPI document at `/openapi.json` is the contract):
   POST   /v1/sessions                 CreateSession → 201 CreatedSession (placed) | 202 CreatedSession (queued)
-  GET    /v1/sessions/{session_id}    → SessionView
+  GET    /v1/sessions/{session_id}    → SessionStatus
   DELETE /v1/sessions/{session_id}    → 204
   GET    /v1/admin/queue              → QueueView   (Authorization: Bearer <admin_token>)
   GET    /v1/admin/fleet              → FleetView   (Authorization: Bearer <admin_token>)
@@ -26,13 +26,13 @@ from aiohttp import web
 from libs.errors import BadRequest, Forbidden, Internal, NotFound, StatefleetError, Unauthorized
 from libs.schemas.admission import (
     SESSION_ID_PATTERN,
+    AdmissionVerdict,
     CreatedSession,
     CreateSession,
     FleetView,
     Problem,
     QueueView,
-    SessionView,
-    Verdict,
+    SessionStatus,
 )
 from libs.schemas.base import check_version
 from libs.schemas.placement import HOST_ID_PATTERN, DrainReport, HostInfo, HostList
@@ -48,13 +48,13 @@ _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 
 class SessionApi(Protocol):
     async def create(self, req: CreateSession) -> tuple[int, CreatedSession]: ...
-    async def get(self, session_id: str) -> SessionView: ...
+    async def get(self, session_id: str) -> SessionStatus: ...
     async def delete(self, session_id: str) -> None: ...
     def queue_view(self) -> QueueView: ...
     def fleet_view(self) -> FleetView: ...
-    async def hosts(self) -> HostList: ...
-    async def drain(self, host_id: str) -> DrainReport: ...
-    async def undrain(self, host_id: str) -> HostInfo: ...
+    async def host_list(self) -> HostList: ...
+    async def drain_host(self, host_id: str) -> DrainReport: ...
+    async def undrain_host(self, host_id: str) -> HostInfo: ...
 
 
 def make_app(api: SessionApi, admin_token: str) -> web.Application:
@@ -79,15 +79,15 @@ def make_app(api: SessionApi, admin_token: str) -> web.Application:
 
     async def hosts(request: web.Request) -> web.Response:
         _authorize(request, admin_token)
-        return _json(await api.hosts())
+        return _json(await api.host_list())
 
     async def drain(request: web.Request) -> web.Response:
         _authorize(request, admin_token)
-        return _json(await api.drain(_host_id(request)))
+        return _json(await api.drain_host(_host_id(request)))
 
     async def undrain(request: web.Request) -> web.Response:
         _authorize(request, admin_token)
-        return _json(await api.undrain(_host_id(request)))
+        return _json(await api.undrain_host(_host_id(request)))
 
     async def openapi(_: web.Request) -> web.Response:
         return web.json_response(OPENAPI)
@@ -187,7 +187,7 @@ def problem(e: StatefleetError) -> web.Response:
     verdict = f.get("verdict")
     body = Problem(title=HTTPStatus(e.http_status).phrase, status=e.http_status, detail=e.detail, code=e.code,
                    field=f.get("field") or None, fields=fields, reason=f.get("reason"), retryable=e.retryable,
-                   verdict=verdict if isinstance(verdict, Verdict) else None)
+                   verdict=verdict if isinstance(verdict, AdmissionVerdict) else None)
     headers = {"WWW-Authenticate": 'Bearer realm="statefleet-admin"'} if isinstance(e, Unauthorized) else {}
     if isinstance(e, NotFound | BadRequest | Unauthorized | Forbidden):
         log.info("http_client_error", code=e.code, detail=e.detail)

@@ -25,7 +25,7 @@ from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
 from libs.contracts import Contract, Guard
 from libs.errors import Conflict, NotFound, Rejected, StatefleetError
-from libs.fence import log as fence_log
+from libs.fence import session_log
 from libs.fence.ownership import assign, read_owner, update_summary
 from libs.schemas.common import EngineEntry, SessionSummary
 from libs.schemas.fence import MetaRequest, Owner, SessionMeta, SessionView
@@ -88,7 +88,7 @@ class PlacementService(Service):
         self._placed: dict[str, Placement] = {}
         self._specs: dict[str, tuple[Contract, str]] = {}  # session → (contract, backend): never changes
         self._orphans: set[str] = set()
-        await fence_log.provision(self.js, cfg.nats_replicas)  # the log and sf_sessions we read
+        await session_log.provision(self.js, cfg.nats_replicas)  # the log and sf_sessions we read
         engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, replicas=cfg.nats_replicas,
                                          ttl_s=cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR)
         capacity_kv = await bus.ensure_kv(self.js, names.CAPACITY_BUCKET, replicas=cfg.nats_replicas)
@@ -273,7 +273,7 @@ class PlacementService(Service):
 
     async def spec(self, sid: str) -> tuple[Contract, str]:
         if sid not in self._specs:
-            meta = await bus.request(self.nc, "sf.fence.meta", MetaRequest(session_id=sid), SessionMeta)
+            meta = await bus.request(self.nc, names.FENCE_META, MetaRequest(session_id=sid), SessionMeta)
             self._specs[sid] = (msgspec.msgpack.decode(meta.contract, type=Contract), meta.backend)
         return self._specs[sid]
 

@@ -102,7 +102,7 @@ class Stack:
         """Register, place and assign a session as admission does."""
         req = RegisterRequest(session_id=sid, backend="avatar", seed=3, prompt="narrator",
                               contract=msgspec.msgpack.encode(CONTRACT), tier=1)
-        self.tokens[sid] = (await bus.request(self.nc, "sf.fence.register", req, RegisterReply)).token
+        self.tokens[sid] = (await bus.request(self.nc, names.FENCE_REGISTER, req, RegisterReply)).token
         placement = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
             session_id=sid, backend="avatar", contract=CONTRACT, guard=guard or Guard()), Placement)
         await assign(self.nc, self.js, sid, placement.host_id, incarnation=placement.incarnation)

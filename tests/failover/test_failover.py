@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from libs import bus
+from libs import bus, names
 from libs.schemas.fence import MetaRequest, SessionMeta
 from tests.failover.conftest import crash, eventually
 from tests.fence.invariants import check_log, read_log
 
 
 async def checkpointed(stack, sid: str, cursor: int):
-    meta = await bus.request(stack.nc, "sf.fence.meta", MetaRequest(session_id=sid), SessionMeta)
+    meta = await bus.request(stack.nc, names.FENCE_META, MetaRequest(session_id=sid), SessionMeta)
     return meta.checkpoint_cursor >= cursor
 
 
