@@ -96,7 +96,7 @@ class EngineHostService(Service):
         cfg: EngineHostConfig = self.config
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        ttl = cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
+        ttl = names.ENGINES_TTL_S  # liveness is placement's to judge; the TTL only clears dead entries
         self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl, replicas=cfg.nats_replicas)
         objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)
         store = CheckpointStore(objects, cfg.checkpoint_dir or None, inline_max_bytes=cfg.checkpoint_inline_max_bytes)

@@ -90,7 +90,7 @@ class PlacementService(Service):
         self._orphans: set[str] = set()
         await session_log.provision(self.js, cfg.nats_replicas)  # the log and sf_sessions we read
         engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, replicas=cfg.nats_replicas,
-                                         ttl_s=cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR)
+                                         ttl_s=names.ENGINES_TTL_S)
         capacity_kv = await bus.ensure_kv(self.js, names.CAPACITY_BUCKET, replicas=cfg.nats_replicas)
         sessions_kv = await self.js.key_value(names.SESSIONS_BUCKET)
         self.records = Records(capacity_kv)
@@ -106,13 +106,12 @@ class PlacementService(Service):
         self.drainer = Drainer(self)
         self.spawn(self._expire_loop(), "liveness")
         self.spawn(self._sweep_loop(), "sweep")
-        for subject, req_type, handler in (
-                (names.PLACEMENT_PLACE, PlaceRequest, self._on_place),
-                (names.PLACEMENT_HOSTS, HostsRequest, self._on_hosts),
-                (names.PLACEMENT_DRAIN, HostRequest, self.drainer.drain),
-                (names.PLACEMENT_UNDRAIN, HostRequest, self._on_undrain)):
-            await bus.serve(self.nc, subject, req_type, traced(subject.replace("sf.", ""), handler),
-                            queue=self.name, concurrency=8)
+        for subject, span, req_type, handler in (
+                (names.PLACEMENT_PLACE, "placement.place", PlaceRequest, self._on_place),
+                (names.PLACEMENT_HOSTS, "placement.hosts", HostsRequest, self._on_hosts),
+                (names.PLACEMENT_DRAIN, "placement.drain", HostRequest, self.drainer.drain),
+                (names.PLACEMENT_UNDRAIN, "placement.undrain", HostRequest, self._on_undrain)):
+            await bus.serve(self.nc, subject, req_type, traced(span, handler), queue=self.name, concurrency=8)
 
     # ------------------------------------------------------------ liveness
 
