@@ -128,19 +128,21 @@ class Producer:
     every_s: float = 0.03
     acked: list[int] = field(default_factory=list)
     _task: asyncio.Task | None = None
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        """Stop after the item in flight is answered (a cancelled post may still be stored, unacked)."""
         assert self._task is not None
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        self._stop.set()
+        await self._task
 
     async def _run(self) -> None:
         async with aiohttp.ClientSession(self.url) as http:
             n = 0
-            while True:
+            while not self._stop.is_set():
                 n += 1
                 async with http.post(f"/v1/sessions/{self.sid}/items", json={"kind": "text", "data": f"line {n}"},
                                      headers={"Authorization": f"Bearer {self.token}"}) as resp:
