@@ -18,7 +18,7 @@ from aiohttp import web
 from nats.aio.client import Client as NATS
 
 from libs import names
-from libs.fence import log
+from libs.fence import session_log
 from libs.telemetry import counter
 from services.fence.sessions import Sessions
 
@@ -30,7 +30,7 @@ class Egress:
         self.nc, self.sessions, self.max_buffered = nc, sessions, max_buffered
 
     async def handle(self, request: web.Request, token: str | None) -> web.StreamResponse:
-        session_id = log.check_session_id(request.match_info["session_id"])
+        session_id = session_log.check_session_id(request.match_info["session_id"])
         await self.sessions.authenticate(session_id, token)
         queue: asyncio.Queue[bytes] = asyncio.Queue(self.max_buffered)
 
