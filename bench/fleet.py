@@ -28,7 +28,7 @@ from bench.fleet_sim import GUARD, PERIOD_MS, PROFILE, PROVISION_S, ROW, Sim, sh
 from services.placement.policy import Params
 
 TARGETS = {"gpu_hours_cut_vs_static_peak": 0.372, "worst_chunk_cut_vs_static_peak": 0.375}
-QUICK = {"concurrency": 150, "request_span_s": 1800.0, "servegen_span_s": 3 * 3600.0, "generated_span_s": 3 * 3600.0}
+QUICK = {"concurrency": 150, "request_span_s": 1800.0, "servegen_span_s": 5400.0, "generated_span_s": 5400.0}
 FULL = {"concurrency": 600, "request_span_s": None, "servegen_span_s": 86400.0, "generated_span_s": 12 * 3600.0}
 TICK_S = 5.0
 
@@ -41,7 +41,7 @@ def workload(trace: Path | None, seed: int, size: dict) -> tuple[str, list[fleet
     rng = np.random.default_rng(seed)
     if trace is None:
         span = size["generated_span_s"]
-        arrivals = fleet_trace.generated(span, 2.0 * size["concurrency"] / fleet_workload.mean_duration_s(), rng)
+        arrivals = fleet_trace.generated(span, size["concurrency"] / fleet_workload.mean_duration_s(), rng)
         kind = "generated"
     else:
         kind, got = fleet_trace.rows(trace)

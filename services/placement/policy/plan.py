@@ -111,7 +111,7 @@ class Plan:
 
     # ------------------------------------------------------------ moves
 
-    def move_verdict(self, s: Session, src: HostLoad, dst: HostLoad) -> admissibility.Verdict:
+    def move_verdict(self, s: Session, src: HostLoad, dst: HostLoad) -> admissibility.MoveVerdict:
         p = self.params
         return admissibility.evaluate(admissibility.Move(
             state_bytes=s.state_bytes, dirty_rate_bps=s.dirty_rate_bps, horizon_s=p.move_horizon_s,

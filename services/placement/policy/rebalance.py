@@ -20,27 +20,27 @@ from collections.abc import Callable
 
 import msgspec
 
-from libs.admissibility import Verdict
+from libs.admissibility import MoveVerdict
 from libs.contracts import Estimate
 from services.placement.policy.actions import Move, Refusal
 from services.placement.policy.plan import HostLoad, Plan
 from services.placement.policy.snapshot import Session
 
-Gate = Callable[[Verdict], bool]
+Gate = Callable[[MoveVerdict], bool]
 
 
-def admissible(v: Verdict) -> bool:
+def admissible(v: MoveVerdict) -> bool:
     return v.admissible
 
 
-def hoped(v: Verdict) -> bool:
+def hoped(v: MoveVerdict) -> bool:
     return True
 
 
 class _Candidate:
     __slots__ = ("session", "dst", "est", "gain", "verdict", "stall")
 
-    def __init__(self, session: Session, dst: HostLoad, est: Estimate, gain: float, verdict: Verdict,
+    def __init__(self, session: Session, dst: HostLoad, est: Estimate, gain: float, verdict: MoveVerdict,
                  stall: float) -> None:
         self.session, self.dst, self.est, self.gain, self.verdict, self.stall = session, dst, est, gain, verdict, stall
 
