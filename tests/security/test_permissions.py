@@ -134,6 +134,22 @@ async def test_no_client_reads_another_clients_replies(nats_server, fence_as_fen
         await admission.close()
     await asyncio.sleep(0.2)
     assert reply.token and not stolen
+    # The same subscription by a user allowed to make it (the operator) does see the reply: the
+    # refusal above, not an absence of traffic, is what kept the token from the others.
+    cli = await bus.connect(nats_server.url, name="cli")
+    try:
+        await cli.subscribe(f"{names.inbox_prefix('admission')}.>", cb=steal)
+        await cli.flush()
+        admission = await bus.connect(nats_server.url_for("admission"), name="admission")
+        try:
+            again = await bus.request(admission, names.FENCE_REGISTER,
+                                      RegisterRequest(session_id="tok2", backend="toy", seed=1), RegisterReply)
+        finally:
+            await admission.close()
+        await asyncio.sleep(0.2)
+        assert any(again.token.encode() in m for m in stolen)
+    finally:
+        await cli.close()
 
 
 async def test_an_engine_host_speaks_only_for_itself(nats_server, probes):
