@@ -42,10 +42,10 @@ from libs.schemas.engine import (
     SessionMetrics,
 )
 from libs.telemetry import counter
+from services.engine_host import output as wire
 from services.engine_host import torch_threads
 from services.engine_host.backends import Backend, make_backend
 from services.engine_host.metrics import SessionStats
-from services.engine_host.output import chunks
 from services.engine_host.pipeline import Item, Pipeline, Stage, Work
 from services.engine_host.scheduler import PERIODIC, Dispatch, EdfScheduler, Task
 
@@ -68,6 +68,7 @@ class BlockJob:
     accepted_at: list[float]
     carry: Any = None
     output: Any = None
+    encoded: list[wire.Encoded] | None = None  # the output as chunk payloads, made in the decode thread
 
 
 @dataclass
@@ -541,6 +542,8 @@ class EngineRuntime:
             job.output = job.session.backend.decode(job.session.state, job.carry)
             if job.output.frames.device.type == "cuda":
                 torch.cuda.synchronize(job.output.frames.device)
+            if self.publish is not None:
+                job.encoded = wire.encode(job.output)
 
     async def _on_output(self, work: Work) -> None:
         """The sink: publish each block's output, account it, and tell the scheduler."""
@@ -557,7 +560,7 @@ class EngineRuntime:
                 s.consumed_seq = job.last_seq
                 s.stats.output(now, job.accepted_at, work.stage_ms)
                 if self.publish is not None:
-                    await self._publish_output(s, job.output)
+                    await self._publish_output(s, job)
                 self._finish_block(s, now)
             if work.items and all(it.error is None for it in work.items):
                 self._learn_cost(work.items[0].data.session.shape, d.tier, len(work.items),
@@ -571,11 +574,12 @@ class EngineRuntime:
             self._in_flight -= 1
             self._wake.set()
 
-    async def _publish_output(self, s: Session, output: Any) -> None:
+    async def _publish_output(self, s: Session, job: BlockJob) -> None:
         """Output is a stream for a live viewer: a chunk the bus cannot take is dropped and counted,
         never allowed to stop the session (its state already advanced) or the sink actor."""
         try:
-            for chunk in chunks(s.sid, s.blocks_done, output):
+            for chunk in wire.chunks(s.sid, s.blocks_done, job.encoded,
+                                     media_s=s.backend.media_s_per_block, input_seq=job.last_seq):
                 await self.publish(names.output_subject(s.sid), encode(chunk))
         except nats.errors.Error as e:
             _output_dropped.add(1, {"reason": type(e).__name__})
