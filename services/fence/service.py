@@ -22,6 +22,7 @@ from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
 from services.fence.inputs import InputAppender
 from services.fence.sessions import CLOSED_SUBJECT, Sessions
+from services.fence.ws_access import Origins
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
@@ -36,6 +37,9 @@ class FenceConfig(BaseConfig, kw_only=True):
     max_release_items: PositiveInt = 64  # items per release record and per stored input batch
     max_release_bytes: PositiveInt = 512 * 1024  # payload bytes per release record / input batch (NATS max is 1 MiB)
     dedupe_items: PositiveInt = 256  # a resent item is recognised by its id among the session's last this many
+    # Browser origins (besides the ingress's own) whose pages may open session sockets, e.g. the session
+    # page admission serves; `statefleet up` sets it. Comma-separated, e.g. "http://127.0.0.1:8700".
+    allowed_origins: str = ""
 
 
 class FenceService(Service):
@@ -62,7 +66,7 @@ class FenceService(Service):
         await self.gateway.start(self.spawn)
         ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions),
                           max_item_bytes=cfg.max_item_bytes,
-                          max_pending_items=cfg.max_pending_items)
+                          max_pending_items=cfg.max_pending_items, origins=Origins(cfg.allowed_origins.split(",")))
         self._runner = web.AppRunner(ingress.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)
