@@ -1,7 +1,7 @@
 """Egress: a session's output to its frontend over a WebSocket.
 
     GET /v1/sessions/{session_id}/output    Authorization: Bearer <input token>
-                                            (or the token in the first message, see ws_access.py)
+                                            (or the token in the first message, see libs/ws_auth.py)
 
 Each binary frame is one `OutputChunk` (msgpack) exactly as the engine published it
 on `sf.output.<session_id>`; the client reassembles by (block, kind, part/parts).
@@ -31,8 +31,9 @@ from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
 from libs.schemas.fence import LogRecord
 from libs.telemetry import counter
+from libs.ws_auth import authenticate_first_message
+from services.fence.problems import problem_body
 from services.fence.sessions import Sessions
-from services.fence.ws_access import authenticate_first_message
 
 _dropped = counter("sf_fence_output_dropped_total", "Output chunks dropped for a viewer that fell behind")
 
@@ -79,7 +80,8 @@ class Egress:
         ws = web.WebSocketResponse(heartbeat=10.0)
         if token is None:  # a browser: the token comes in the first message
             if await authenticate_first_message(request, ws,
-                                                lambda t: self.sessions.authenticate(session_id, t)) is None:
+                                                lambda t: self.sessions.authenticate(session_id, t),
+                                                problem_body) is None:
                 return ws
         else:
             await self.sessions.authenticate(session_id, token)

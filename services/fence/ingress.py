@@ -3,7 +3,7 @@
     POST /v1/sessions/{session_id}/items        Authorization: Bearer <input token>
          {"kind": "text" | "action" | "json", "data": <JSON>}  →  200 {"session_id", "seq"}
     GET  /v1/sessions/{session_id}/ws           (WebSocket, same header, or the token in the first
-         message: see ws_access.py) one item per text frame, each answered {"seq": n} or
+         message: see libs/ws_auth.py) one item per text frame, each answered {"seq": n} or
          {"error": <problem>} in order; a bad frame does not close it.
          Up to WS_WINDOW frames are in flight at once (read, validated and queued for storing in
          frame order), so one socket's items share stores; beyond that the socket is not read.
@@ -31,12 +31,12 @@ from aiohttp import WSMsgType, web
 
 from libs import errors
 from libs.fence import log
+from libs.ws_auth import Origins, authenticate_first_message
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.inputs import InputAppender, Stored
 from services.fence.problems import problem, problem_body
 from services.fence.sessions import Sessions
-from services.fence.ws_access import Origins, authenticate_first_message
 
 _log = structlog.get_logger("statefleet.fence.ingress")
 WS_WINDOW = 64  # unanswered frames per WebSocket
@@ -141,7 +141,7 @@ class Ingress:
         ws = web.WebSocketResponse(max_msg_size=self.max_item_bytes + 1024)
         if token is None:
             token = await authenticate_first_message(
-                request, ws, lambda t: self.sessions.authenticate(session_id, t))
+                request, ws, lambda t: self.sessions.authenticate(session_id, t), problem_body)
             if token is None:
                 return ws
             await ws.send_json({"authenticated": True})

@@ -17,12 +17,12 @@ from libs.config import BaseConfig, PositiveInt
 from libs.fence import log
 from libs.schemas.fence import CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
 from libs.service import Service
+from libs.ws_auth import Origins
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
 from services.fence.inputs import InputAppender
 from services.fence.sessions import CLOSED_SUBJECT, Sessions
-from services.fence.ws_access import Origins
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 

@@ -8,11 +8,10 @@ import json
 import aiohttp
 import pytest
 
-from libs import names
+from libs import names, ws_auth
 from libs.fence import ownership
 from libs.schemas.base import decode, encode
 from libs.schemas.engine import OutputChunk
-from services.fence import ws_access
 from services.fence.egress import Outbox
 from tests.fence.conftest import engine, register, start_fence
 
@@ -58,15 +57,15 @@ async def test_a_socket_that_does_not_authenticate_first_is_answered_and_closed(
             answer = await ws.receive_json(timeout=5)
             assert answer["error"]["code"] == "unauthorized" and token not in json.dumps(answer)
             closed = await ws.receive(timeout=5)
-            assert closed.type == aiohttp.WSMsgType.CLOSE and closed.data == ws_access.CLOSE_UNAUTHORIZED
+            assert closed.type == aiohttp.WSMsgType.CLOSE and closed.data == ws_auth.CLOSE_UNAUTHORIZED
 
 
 async def test_a_silent_socket_is_closed_after_the_auth_timeout(fence, nc, http, monkeypatch):
-    monkeypatch.setattr(ws_access, "AUTH_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(ws_auth, "AUTH_TIMEOUT_S", 0.2)
     await register(nc, "b3")
     async with http.ws_connect(url(fence, "b3", "ws"), origin=PAGE) as ws:
         assert (await ws.receive_json(timeout=5))["error"]["code"] == "unauthorized"
-        assert (await ws.receive(timeout=5)).data == ws_access.CLOSE_UNAUTHORIZED
+        assert (await ws.receive(timeout=5)).data == ws_auth.CLOSE_UNAUTHORIZED
 
 
 async def test_a_foreign_origin_is_refused_before_the_handshake(fence, nc, http):
