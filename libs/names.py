@@ -40,3 +40,12 @@ def output_subject(session_id: str) -> str:
 
 # Object Store bucket for small session checkpoints (owner: engine_host; large ones go to a filesystem path).
 CHECKPOINTS_BUCKET = "sf_checkpoints"
+
+
+# ---- browser part (issue 14): the mover's names that admission's fleet feed and operator actions use
+# Request/reply: MoveRequest → MoveReceipt (owner: mover).
+MOVER_MOVE = "sf.mover.move"
+# Every move's receipt, on `sf.mover.receipt.<session_id>` (owner: mover, stream SF_MOVES).
+MOVER_RECEIPTS = "sf.mover.receipt.>"
+# KV: moves in flight, journalled before they touch a host (owner: mover).
+MOVES_INFLIGHT_BUCKET = "sf_moves_inflight"

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import weakref
 
 import msgspec
 import nats.errors
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 from nats.aio.client import Client as NATS
 
 from libs import errors, names
@@ -36,6 +37,20 @@ from services.fence.problems import problem_body
 from services.fence.sessions import Sessions
 
 _dropped = counter("sf_fence_output_dropped_total", "Output chunks dropped for a viewer that fell behind")
+# The app's open session sockets: closed ("going away") when the ingress shuts down, so a stop is not held
+# up by clients that would otherwise keep them open, and those clients learn at once to reconnect.
+OPEN_SOCKETS = web.AppKey("open_sockets", weakref.WeakSet)
+
+
+def track(request: web.Request, ws: web.WebSocketResponse) -> web.WebSocketResponse:
+    request.app[OPEN_SOCKETS].add(ws)
+    return ws
+
+
+async def close_sockets(app: web.Application) -> None:
+    for ws in list(app[OPEN_SOCKETS]):
+        with contextlib.suppress(ConnectionError):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"ingress shutting down")
 
 
 class Outbox:
@@ -77,7 +92,7 @@ class Egress:
 
     async def handle(self, request: web.Request, token: str | None) -> web.StreamResponse:
         session_id = log.check_session_id(request.match_info["session_id"])
-        ws = web.WebSocketResponse(heartbeat=10.0)
+        ws = track(request, web.WebSocketResponse(heartbeat=10.0))
         if token is None:  # a browser: the token comes in the first message
             if await authenticate_first_message(request, ws,
                                                 lambda t: self.sessions.authenticate(session_id, t),

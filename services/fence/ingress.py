@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+import weakref
 from typing import Annotated, Literal
 
 import msgspec
@@ -32,7 +33,7 @@ from aiohttp import WSMsgType, web
 from libs import errors
 from libs.fence import log
 from libs.ws_auth import Origins, authenticate_first_message
-from services.fence.egress import Egress
+from services.fence.egress import OPEN_SOCKETS, Egress, close_sockets, track
 from services.fence.gateway import Gateway
 from services.fence.inputs import InputAppender, Stored
 from services.fence.problems import problem, problem_body
@@ -70,6 +71,8 @@ class Ingress:
         app.router.add_get("/v1/sessions/{session_id}/ws", self._ws)
         app.router.add_get("/v1/sessions/{session_id}/output", self._output)
         app.router.add_get("/healthz", self._health)
+        app[OPEN_SOCKETS] = weakref.WeakSet()
+        app.on_shutdown.append(close_sockets)
         return app
 
     async def accept(self, session_id: str, token: str | None, body: bytes) -> Stored:
@@ -138,7 +141,7 @@ class Ingress:
                 await self.sessions.authenticate(session_id, token)
         except errors.StatefleetError as e:
             return problem(e)
-        ws = web.WebSocketResponse(max_msg_size=self.max_item_bytes + 1024)
+        ws = track(request, web.WebSocketResponse(max_msg_size=self.max_item_bytes + 1024))
         if token is None:
             token = await authenticate_first_message(
                 request, ws, lambda t: self.sessions.authenticate(session_id, t), problem_body)
