@@ -22,8 +22,10 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from libs import names
+from libs.telemetry import meter
 
 KEPT_EVENTS = 60
 KEPT_RECEIPTS = 20
@@ -42,6 +44,7 @@ class FleetFeed:
         self.version = 0
 
     async def start(self, spawn: Callable) -> None:
+        self._gauges()
         for bucket, apply in ((names.ENGINES_BUCKET, self._host), (names.SESSIONS_BUCKET, self._session),
                               (names.ADMISSION_BUCKET, self._record), (names.MOVES_INFLIGHT_BUCKET, self._move)):
             spawn(self._follow(bucket, apply), f"feed:{bucket}")
@@ -68,6 +71,27 @@ class FleetFeed:
                 "sessions": sorted(self.sessions.values(), key=lambda s: s.get("session_id", "")),
                 "moves_in_flight": list(self.inflight.values()), "receipts": list(self.receipts),
                 "events": list(self.events), "queue": msgspec.to_builtins(self.queue())}
+
+    def _gauges(self) -> None:
+        """The fleet as Prometheus gauges (read when scraped), for the Grafana dashboard in compose/."""
+        m = meter()
+
+        def per_host(field: str):
+            def observe(_: CallbackOptions):
+                return [Observation(float(h.get(field) or 0.0), {"host_id": h["host_id"], "state": h["state"]})
+                        for h in self.snapshot()["hosts"]]
+            return observe
+
+        for name, field, what in (("sf_fleet_host_sessions", "sessions", "Sessions on an engine host"),
+                                  ("sf_fleet_host_busy_fraction", "busy_fraction",
+                                   "Share of an engine host's device time its sessions take"),
+                                  ("sf_fleet_host_memory_used_fraction", "memory_used_fraction",
+                                   "Share of an engine host's device memory in use")):
+            m.create_observable_gauge(name, callbacks=[per_host(field)], description=what)
+        m.create_observable_gauge("sf_fleet_moves_in_flight", description="Moves journalled and not yet over",
+                                  callbacks=[lambda _: [Observation(len(self.inflight))]])
+        m.create_observable_gauge("sf_admission_queue_length", description="Sessions waiting in admission's queue",
+                                  callbacks=[lambda _: [Observation(len(self.queue().entries))]])
 
     def _changed(self) -> None:
         self.version += 1

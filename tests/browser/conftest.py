@@ -39,7 +39,7 @@ class Stack:
         self.nats_url, self.tmp = nats_url, tmp
         self.admission_port, self.fence_port = free_port(), free_port()
         self.origin = f"http://127.0.0.1:{self.admission_port}"
-        self.quiet = dict(nats_url=nats_url, log_json=False, heartbeat_s=0.5)
+        self.quiet = dict(nats_url=nats_url, log_json=False, heartbeat_s=0.5, metrics_port=0)
         self.services: list = []
 
     async def start(self) -> None:

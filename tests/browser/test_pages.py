@@ -5,6 +5,9 @@ refused; typed markup stays text; a dropped socket comes back and the stream res
 
 from __future__ import annotations
 
+import re
+
+import aiohttp
 import pytest
 import pytest_asyncio
 
@@ -117,3 +120,18 @@ async def test_a_dropped_socket_reconnects_and_the_stream_resumes(stack, session
     await session_page.fill("#say", "still there?")
     await session_page.press("#say", "Enter")
     await session_page.wait_for_function("() => document.querySelector('#sent li span:nth-child(4)').textContent.startsWith('seq')", timeout=WAIT_MS)
+
+
+async def test_every_service_serves_prometheus_metrics(stack):
+    services = [stack.fence, stack.admission, *stack.hosts, *stack.services]
+    async with aiohttp.ClientSession() as http:
+        pages = []
+        for svc in services:
+            async with http.get(f"http://127.0.0.1:{svc.metrics_port}/metrics") as resp:
+                assert resp.status == 200 and resp.content_type == "text/plain"
+                pages.append(await resp.text())
+    everything = "\n".join(pages)
+    for name in ("sf_engine_blocks_total", "sf_engine_chunk_period_ms", "sf_fence_released_items_total",
+                 "sf_fleet_host_sessions", "sf_admission_queue_length", "sf_ws_refused_total"):
+        assert name in everything, name
+    assert re.search(r'sf_fleet_host_sessions\{[^}]*host_id="e[01]"[^}]*state="up"', everything)
