@@ -24,15 +24,15 @@ from pathlib import Path
 
 import torch
 
-from bench import common
+from bench import common, mover_faults
 from libs import bus, names
 from libs.errors import NotFound, Unauthorized
-from libs.motion import crc, faults, manifest
+from libs.motion import crc, manifest, netio
 from libs.motion.endpoint import MotionEndpoint
+from libs.motion.receiver import DataPlane
 from libs.motion.sender import chunk_grid, send_chunks
 from libs.motion.slot import ShadowSlot
-from libs.motion.tcp import DataPlane, TcpChannel
-from libs.motion.tcp import tune as tune_socket
+from libs.motion.tcp import TcpChannel
 from libs.natsd import NatsServer
 from libs.schemas.motion import (
     AdmitMove,
@@ -98,7 +98,7 @@ def _raw_sink(raw: socket.socket, state_bytes: int) -> None:
     """The raw baseline: plain blocking recv_into a fresh state-sized buffer, no framing, no checks."""
     while True:
         conn, _ = raw.accept()
-        tune_socket(conn)
+        netio.tune(conn)
         dest = memoryview(torch.empty(state_bytes, dtype=torch.uint8).numpy())
         got = 0
         with conn:
@@ -124,7 +124,7 @@ def raw_rate(port: int, flat: manifest.Flat) -> float:
     views = [manifest.crc.byte_view(t).numpy() for t in flat.tensors]
     total = sum(v.nbytes for v in views)
     with socket.create_connection(("127.0.0.1", port)) as s:
-        tune_socket(s)
+        netio.tune(s)
         t0 = time.perf_counter()
         for v in views:
             for off in range(0, v.nbytes, CHUNK):
@@ -278,7 +278,7 @@ async def main_async(args) -> dict:
     move_ms, stages, copy_ms = best_move["ms"], best_move["stages_ms"], best_copy["ms"]
     identical = all(r["bit_identical"] for r in moves)
     sl_ms = save_load_ms(tree)
-    campaign = await faults.run_campaign(1000, seed=7)
+    campaign = await mover_faults.run_campaign(1000, seed=7)
     tv, tu = max(verified), max(unverified)
     # Each verified run sits next to a verify-off run; the median of those paired ratios is what
     # load from other jobs on a shared machine disturbs least.

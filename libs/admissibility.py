@@ -76,7 +76,7 @@ class Move:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class MoveVerdict:
     admissible: bool
     t_migrate_s: float
     frozen_gate_bps: float  # least bandwidth for a stop-and-copy move within the horizon
@@ -136,7 +136,7 @@ def live_gate_ok(m: Move) -> bool:
     return m.window_s > 0 and m.window_s * m.bandwidth_bps >= channel_cost_bytes(m)
 
 
-def evaluate(m: Move) -> Verdict:
+def evaluate(m: Move) -> MoveVerdict:
     t = t_migrate_s(m)
     reason = ""
     if not t < m.horizon_s:
@@ -144,7 +144,7 @@ def evaluate(m: Move) -> Verdict:
     elif not live_gate_ok(m):
         reason = (f"bandwidth {to_gbps(m.bandwidth_bps):.4g} Gb/s < live gate "
                   f"{to_gbps(gate_bps(m, m.dirty_rate_bps)):.4g} Gb/s")
-    return Verdict(
+    return MoveVerdict(
         admissible=not reason,
         t_migrate_s=t,
         frozen_gate_bps=gate_bps(m, 0.0),

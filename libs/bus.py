@@ -43,6 +43,9 @@ _handler_errors = counter("sf_bus_handler_errors_total", "Requests answered with
 # Error codes JetStream uses that callers branch on.
 JS_WRONG_LAST_SEQUENCE = 10071
 JS_STREAM_NAME_IN_USE = 10058
+# How often a compare-and-set writer (log append, KV update, input store) re-reads and decides
+# again after losing a race before it gives up with `Conflict`: far above what real contention needs.
+MAX_CAS_ATTEMPTS = 32
 INITIAL_CONNECT_ATTEMPTS = 3
 
 

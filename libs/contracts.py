@@ -16,27 +16,17 @@ they run in the slack EDF leaves, and cost only their resident state and a slot.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 
-from libs.errors import BadRequest
+from libs import session_classes
 from libs.schemas.common import EngineEntry, ProfileRow
-
-SessionClass = Literal["C1", "C2a", "C2b", "C3", "C4", "C5"]
-DeterminismTier = Literal["T0", "T1", "T2"]
-DecodeTier = Literal["full", "preview", "none"]
+from libs.session_classes import DecodeTier, DeterminismTier, SessionClass
 
 # One hour: no period or deadline longer than this is a real-time promise.
 MAX_WINDOW_MS = 3_600_000.0
 WindowMs = Annotated[float, msgspec.Meta(gt=0, le=MAX_WINDOW_MS)]
-
-# Which window each class requires, allows or forbids.
-_PERIOD_REQUIRED = {"C1"}
-_DEADLINE_REQUIRED = {"C2a", "C2b"}
-_DEADLINE_ALLOWED = {"C2a", "C2b", "C3", "C4"}
-# Replay is only a replay if it reproduces the recorded run: bitwise (T0) or schedule-stable (T1).
-_REPLAY_TIERS = {"T0", "T1"}
 
 
 class Contract(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -54,41 +44,25 @@ class Contract(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     def window_ms(self) -> float | None:
         return self.period_ms if self.period_ms is not None else self.deadline_ms
 
+    @property
+    def release_period_ms(self) -> float:
+        """How often the engine releases a block of this session (0.0: only when asked)."""
+        return session_classes.release_period_ms(self)
+
 
 def check_coherence(contract: Contract, backend: str, tiers: Iterable[int]) -> None:
     """Raise `BadRequest` (reason `incoherent_contract`) naming the fields if `contract` cannot be meaningful for `backend`.
 
-    `tiers` are the quality tiers the backend's profile rows offer (any host).
+    `tiers` are the quality tiers the backend's profile rows offer (any host). The class's own
+    rules are `session_classes.check`.
     """
-    c = contract
-    cls = c.session_class
-    if cls in _PERIOD_REQUIRED and c.period_ms is None:
-        _reject(f"class {cls} is periodic and needs period_ms", "session_class", "period_ms")
-    if cls not in _PERIOD_REQUIRED and c.period_ms is not None:
-        _reject(f"class {cls} has no period; period_ms is only for C1", "session_class", "period_ms")
-    if cls in _DEADLINE_REQUIRED and c.deadline_ms is None:
-        _reject(f"class {cls} needs deadline_ms", "session_class", "deadline_ms")
-    if cls not in _DEADLINE_ALLOWED and c.deadline_ms is not None:
-        _reject(f"class {cls} takes no deadline_ms", "session_class", "deadline_ms")
-    if c.window_ms is None and c.blocks_per_window != 1:
-        _reject("blocks_per_window needs a period_ms or deadline_ms", "blocks_per_window")
-    if cls == "C4" and c.determinism not in _REPLAY_TIERS:
-        _reject(f"C4 replay must be T0 or T1, not {c.determinism}", "session_class", "determinism")
-    if cls == "C1" and c.decode_tier == "none":
-        _reject("an interactive C1 session streams output; decode_tier cannot be none",
-                "session_class", "decode_tier")
-    if cls == "C5" and c.decode_tier != "none":
-        _reject("C5 maintenance produces no output; decode_tier must be none", "session_class", "decode_tier")
+    session_classes.check(contract)
     offered = sorted(set(tiers))
     if not offered:
-        _reject(f"no engine host offers backend {backend!r}", "backend")
-    if c.quality_floor > offered[-1]:
-        _reject(f"quality_floor {c.quality_floor} is above backend {backend!r}'s best tier {offered[-1]}",
-                "quality_floor", "backend", best_tier=offered[-1])
-
-
-def _reject(detail: str, *fields: str, **extra: object) -> None:
-    raise BadRequest(detail, reason="incoherent_contract", field=fields[0], fields=",".join(fields), **extra)
+        session_classes.reject(f"no engine host offers backend {backend!r}", "backend")
+    if contract.quality_floor > offered[-1]:
+        session_classes.reject(f"quality_floor {contract.quality_floor} is above backend {backend!r}'s best "
+                               f"tier {offered[-1]}", "quality_floor", "backend", best_tier=offered[-1])
 
 
 # ---------------------------------------------------------------- cost on a host

@@ -6,7 +6,7 @@ messages. Errors also subclass the matching stdlib type so a caller may catch
 either (`except ValueError` catches `BadRequest`).
 
 Errors cross the bus as `libs.schemas.common.ErrorReply` and are rebuilt on
-the caller's side by `from_reply`, keyed by `code`.
+the caller's side by `by_code`, keyed by `code`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""Subjects, streams and buckets that more than one service touches.
+"""Every subject, stream and bucket name on the bus: no other module spells one.
 
-Each name has one owner that provisions it at start-up (idempotently); the
-others only use it.
+Each name has one owner that provisions it at start-up (idempotently) or serves
+it; the others only use it. Subjects that carry a session or host id are
+functions; the `*_SUBJECTS` constants are the wildcards streams and consumers
+filter on.
 """
 
 from __future__ import annotations
@@ -41,11 +43,64 @@ def output_subject(session_id: str) -> str:
 # Object Store bucket for small session checkpoints (owner: engine_host; large ones go to a filesystem path).
 CHECKPOINTS_BUCKET = "sf_checkpoints"
 
+# ---------------------------------------------------------------- fence (owner: fence)
 
-# ---- browser part (issue 14): the mover's names that admission's fleet feed and operator actions use
-# Request/reply: MoveRequest → MoveReceipt (owner: mover).
+# Stream: the per-session ownership log, one subject per session holding `LogRecord`s. Fence
+# provisions it; fence, placement, admission and the mover append (compare-and-set), engines read.
+SESSION_STREAM = "SF_SESSION"
+SESSION_LOG_SUBJECTS = "sf.session.>"
+
+
+def session_log_subject(session_id: str) -> str:
+    return f"sf.session.{session_id}"
+
+
+# Stream: stored input, one subject per session holding `InputBatch`es (writer: fence's ingress).
+INPUT_STREAM = "SF_INPUT"
+INPUT_SUBJECTS = "sf.input.>"
+_INPUT_PREFIX = "sf.input."
+
+
+def input_subject(session_id: str) -> str:
+    return f"{_INPUT_PREFIX}{session_id}"
+
+
+def input_session_id(subject: str) -> str:
+    """The session an input-stream subject belongs to."""
+    return subject.removeprefix(_INPUT_PREFIX)
+
+
+# KV: per-session metadata (contract, seed, token hash, checkpoint ref and cursor) and each
+# owner's applied cursor (`<sid>.applied`, written by the engine holding the lease).
+FENCE_META_BUCKET = "sf_fence_meta"
+
+# Request/reply verbs of fence (queue group "fence").
+FENCE_REGISTER = "sf.fence.register"  # RegisterRequest → RegisterReply (caller: admission)
+FENCE_META = "sf.fence.meta"  # MetaRequest → SessionMeta (caller: engine hosts)
+FENCE_CHECKPOINT = "sf.fence.checkpoint"  # CheckpointRequest → SessionMeta (caller: the claimed owner)
+FENCE_CLOSE = "sf.fence.close"  # CloseRequest → CloseReply (caller: admission)
+FENCE_KICK = "sf.fence.kick"  # Kick → KickReply: release what waited for a claim (caller: the lease)
+# Broadcast: a session id whose session closed, so every fence instance stops taking its input.
+FENCE_CLOSED = "sf.fence.closed"
+
+
+def assigned_subject(server_id: str) -> str:
+    """`AssignNotice`s to one engine host (a hint; the log decides)."""
+    return f"sf.fence.assigned.{server_id}"
+
+
+# ---------------------------------------------------------------- mover (owner: mover)
+
+# Request/reply: MoveRequest → MoveReceipt, once the move is over (queue group "mover").
 MOVER_MOVE = "sf.mover.move"
-# Every move's receipt, on `sf.mover.receipt.<session_id>` (owner: mover, stream SF_MOVES).
-MOVER_RECEIPTS = "sf.mover.receipt.>"
-# KV: moves in flight, journalled before they touch a host (owner: mover).
+# Stream: one `MoveReceipt` per move request, on a subject per session.
+MOVES_STREAM = "SF_MOVES"
+MOVE_RECEIPT_SUBJECTS = "sf.mover.receipt.>"
+
+
+def move_receipt_subject(session_id: str) -> str:
+    return f"sf.mover.receipt.{session_id}"
+
+
+# KV: moves in flight (`MoveStarted`), so a restarted coordinator closes them out.
 MOVES_INFLIGHT_BUCKET = "sf_moves_inflight"

@@ -24,6 +24,7 @@ from libs import bus, logs, metrics_http, names, telemetry
 from libs.config import BaseConfig
 from libs.schemas.base import encode
 from libs.schemas.common import Ping, Pong, ServiceEntry
+from libs.tasks import report_death
 
 VERSION = "0.1.0"
 STOP_STEP_TIMEOUT_S = 20.0
@@ -120,13 +121,9 @@ class Service:
     def spawn(self, coro, name: str) -> asyncio.Task:
         """A background task owned by the service: cancelled on stop, its crash logged."""
         task = asyncio.create_task(coro, name=f"{self.name}:{name}")
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(report_death("background_task_failed", self.log))
         self._tasks.append(task)
         return task
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.log.error("background_task_failed", task=task.get_name(), error=repr(task.exception()))
 
     # -------------------------------------------------------------- ping and heartbeat
 

@@ -18,16 +18,14 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from libs import bus, errors
-from libs.fence import log as fence_log
+from libs import bus, errors, names
 from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
 from libs.schemas.engine import OutputChunk
 from libs.schemas.fence import LogRecord
 from libs.schemas.motion import MoveReceipt, MoveRequest
+from libs.session_classes import SESSION_CLASSES
 from statefleet.status import default_nats_url
-
-MOVE_SUBJECT = "sf.mover.move"
 
 
 def _sessions_dir(data_dir: str) -> Path:
@@ -109,7 +107,7 @@ async def move(args) -> int:
             raise errors.NotFound(f"session {args.session_id} has no owner to move from", session_id=args.session_id)
         req = MoveRequest(session_id=args.session_id, source=owner.server_id, dest=args.to,
                           deadline_s=args.deadline_s, mode=args.mode)
-        receipt = await bus.request(nc, MOVE_SUBJECT, req, MoveReceipt, timeout_s=args.deadline_s + 30)
+        receipt = await bus.request(nc, names.MOVER_MOVE, req, MoveReceipt, timeout_s=args.deadline_s + 30)
     finally:
         await nc.close()
     print(json.dumps(msgspec.to_builtins(receipt), indent=2))
@@ -149,8 +147,8 @@ async def watch(args) -> int:
 
     try:
         show_owner((await read_owner(nc.jetstream(), sid)).view)
-        await nc.subscribe(fence_log.log_subject(sid), cb=on_log)
-        await bus.subscribe_events(nc, f"sf.output.{sid}", OutputChunk, on_output)
+        await nc.subscribe(names.session_log_subject(sid), cb=on_log)
+        await bus.subscribe_events(nc, names.output_subject(sid), OutputChunk, on_output)
         try:
             await asyncio.wait_for(done.wait(), args.seconds or None)
         except TimeoutError:
@@ -167,7 +165,7 @@ def add_parser(sub) -> None:
 
     c = verbs.add_parser("create", help="admit a session (POST /v1/sessions) and save its input token")
     c.add_argument("--backend", default="avatar", choices=["avatar", "world"])
-    c.add_argument("--class", dest="session_class", default="C1", choices=["C1", "C2a", "C2b", "C3", "C4", "C5"])
+    c.add_argument("--class", dest="session_class", default="C1", choices=SESSION_CLASSES)
     c.add_argument("--period-ms", type=float, default=200.0, help="C1: one block per period (0: none)")
     c.add_argument("--deadline-ms", type=float, default=0.0)
     c.add_argument("--quality-floor", type=int, default=1)

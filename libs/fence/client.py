@@ -29,9 +29,9 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
-from libs import bus, errors
-from libs.fence import core, log
-from libs.fence.ownership import MAX_CAS_ATTEMPTS, update_summary
+from libs import bus, errors, names
+from libs.fence import core, session_log
+from libs.fence.ownership import update_summary
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import (
@@ -63,7 +63,7 @@ class EngineClient:
 
     async def start(self) -> None:
         """Listen for assignments addressed to this server (a hint; each is checked against the log)."""
-        self._sub = await bus.subscribe_events(self.nc, log.assigned_subject(self.server_id), AssignNotice,
+        self._sub = await bus.subscribe_events(self.nc, names.assigned_subject(self.server_id), AssignNotice,
                                                self._on_notice)
 
     async def close(self) -> None:
@@ -80,7 +80,7 @@ class EngineClient:
         """The next assignment to this server that the log still shows as the latest."""
         while True:
             notice = await self._notices.get()
-            tail = await log.read_tail(self.js, notice.session_id)
+            tail = await session_log.read_tail(self.js, notice.session_id)
             if tail.view.owner == Owner(server_id=self.server_id, version=notice.version):
                 return notice
 
@@ -89,29 +89,29 @@ class EngineClient:
             yield await self.next_assignment()
 
     async def meta(self, session_id: str) -> SessionMeta:
-        return await bus.request(self.nc, "sf.fence.meta", MetaRequest(session_id=session_id), SessionMeta)
+        return await bus.request(self.nc, names.FENCE_META, MetaRequest(session_id=session_id), SessionMeta)
 
     async def claim(self, session_id: str, version: int, cursor: int) -> Lease:
         """Claim `(self, version)` with installed state reflecting item `cursor`; start the lease.
 
         Raises `Conflict` if the assignment is stale, not ours, or already claimed.
         """
-        log.check_session_id(session_id)
+        session_log.check_session_id(session_id)
         me = Owner(server_id=self.server_id, version=version)
-        for _ in range(MAX_CAS_ATTEMPTS):
-            tail = await log.read_tail(self.js, session_id)
+        for _ in range(bus.MAX_CAS_ATTEMPTS):
+            tail = await session_log.read_tail(self.js, session_id)
             event = core.decide_claim(tail.view, self.server_id, version, cursor)
             try:
-                new = await log.append(self.js, session_id, tail, event)
+                new = await session_log.append(self.js, session_id, tail, event)
                 break
             except errors.Conflict:
                 continue  # something landed meanwhile: decide again on the new tail
             except errors.Unavailable:
                 # The append's answer was lost. If it landed, it is the record right after `tail`
                 # (that is what the CAS allows), so the lease may read from there.
-                new = await log.read_tail(self.js, session_id)
+                new = await session_log.read_tail(self.js, session_id)
                 if new.view.owner == me and new.view.claim == me:
-                    new = log.Tail(new.view, tail.seq)
+                    new = session_log.Tail(new.view, tail.seq)
                     break
         else:
             raise errors.Conflict("claim kept losing the race", session_id=session_id)
@@ -129,11 +129,11 @@ class EngineClient:
         """Record a new checkpoint of the session (only the claimed owner may)."""
         req = CheckpointRequest(session_id=session_id, server_id=self.server_id, version=version,
                                 ref=ref, cursor=cursor)
-        return await bus.request(self.nc, "sf.fence.checkpoint", req, SessionMeta)
+        return await bus.request(self.nc, names.FENCE_CHECKPOINT, req, SessionMeta)
 
     async def meta_kv(self) -> KeyValue:
         if self._meta_kv is None:
-            self._meta_kv = await self.js.key_value(log.META_BUCKET)
+            self._meta_kv = await self.js.key_value(names.FENCE_META_BUCKET)
         return self._meta_kv
 
     def lease(self, session_id: str) -> Lease | None:
@@ -160,9 +160,9 @@ class Lease:
     async def start(self) -> None:
         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
                                     opt_start_seq=self.read_after + 1)
-        self._sub = await self.client.js.subscribe(log.log_subject(self.session_id), cb=self._on_record,
+        self._sub = await self.client.js.subscribe(names.session_log_subject(self.session_id), cb=self._on_record,
                                                    ordered_consumer=True, config=config,
-                                                   stream=log.SESSION_STREAM, idle_heartbeat=LEASE_HEARTBEAT_S)
+                                                   stream=names.SESSION_STREAM, idle_heartbeat=LEASE_HEARTBEAT_S)
         self._kicker = asyncio.create_task(self._kick())
 
     async def stop(self) -> None:
@@ -186,7 +186,7 @@ class Lease:
         """Ask a gateway to release what waited for this claim; retried until one answers."""
         for attempt in range(KICK_ATTEMPTS):
             try:
-                await bus.request(self.client.nc, "sf.fence.kick", Kick(session_id=self.session_id),
+                await bus.request(self.client.nc, names.FENCE_KICK, Kick(session_id=self.session_id),
                                   KickReply, timeout_s=5.0)
                 return
             except errors.StatefleetError as e:

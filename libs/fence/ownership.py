@@ -15,14 +15,13 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from libs import errors, names
-from libs.fence import core, log
+from libs import bus, errors, names
+from libs.fence import core, session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import SessionSummary
 from libs.schemas.fence import AssignNotice, SessionView
 
 _log = structlog.get_logger("statefleet.fence")
-MAX_CAS_ATTEMPTS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,19 +35,19 @@ class Assigned:
 async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str, *,
                  expect_version: int | None = None) -> Assigned:
     """Make `server_id` the assigned owner (unclaimed) with the next version; notify it."""
-    log.check_session_id(session_id)
-    for _ in range(MAX_CAS_ATTEMPTS):
-        tail = await log.read_tail(js, session_id)
+    session_log.check_session_id(session_id)
+    for _ in range(bus.MAX_CAS_ATTEMPTS):
+        tail = await session_log.read_tail(js, session_id)
         latest = tail.view.owner.version if tail.view.owner else 0
         if expect_version is not None and latest != expect_version:
             raise errors.Conflict(f"session is at version {latest}, not {expect_version}",
                                   session_id=session_id, latest=latest, expected=expect_version)
         event = core.decide_assign(tail.view, server_id, latest + 1)
         try:
-            new = await log.append(js, session_id, tail, event)
+            new = await session_log.append(js, session_id, tail, event)
         except errors.Conflict:
             continue
-        await nc.publish(log.assigned_subject(server_id), encode(AssignNotice(
+        await nc.publish(names.assigned_subject(server_id), encode(AssignNotice(
             session_id=session_id, server_id=server_id, version=event.version, log_seq=new.seq)))
         await update_summary(js, session_id, new.view)
         _log.info("assigned", session_id=session_id, server_id=server_id, version=event.version, log_seq=new.seq)
@@ -56,9 +55,9 @@ async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str
     raise errors.Conflict("assign kept losing the race", session_id=session_id)
 
 
-async def read_owner(js: JetStreamContext, session_id: str) -> log.Tail:
+async def read_owner(js: JetStreamContext, session_id: str) -> session_log.Tail:
     """The log's latest view of the session: a hint (the next CAS decides)."""
-    return await log.read_tail(js, log.check_session_id(session_id))
+    return await session_log.read_tail(js, session_log.check_session_id(session_id))
 
 
 async def update_summary(js: JetStreamContext, session_id: str, view: SessionView, **fields: str) -> None:

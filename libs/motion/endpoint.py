@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 import torch
@@ -31,11 +33,13 @@ from libs.errors import (
 )
 from libs.motion import manifest
 from libs.motion.host import StateHost
+from libs.motion.inprocess import InProcessChannel, local_receivers
 from libs.motion.mooncake import MooncakeChannel, MooncakeEngine
+from libs.motion.receiver import DataPlane
 from libs.motion.sender import SendOptions, send_state
 from libs.motion.slot import ShadowSlot, SlotState
-from libs.motion.tcp import DataPlane, TcpChannel
-from libs.motion.transport import Channel, InProcessChannel, local_receivers
+from libs.motion.tcp import TcpChannel
+from libs.motion.transport import Channel
 from libs.schemas.motion import (
     AdmitMove,
     AdmitVerdict,
@@ -47,7 +51,7 @@ from libs.schemas.motion import (
     SlotRequest,
     Verified,
 )
-from libs.telemetry import counter, tracer
+from libs.telemetry import counter, traced
 
 log = structlog.get_logger("statefleet.motion.endpoint")
 VERBS = ("register_state", "admit", "migrate", "verify", "commit", "rollback")
@@ -60,7 +64,7 @@ class MotionEndpoint:
                  tier: str = "T0", mooncake: MooncakeEngine | None = None) -> None:
         self.nc, self.host_id, self.host, self.tier = nc, host_id, host, tier
         self.mooncake = mooncake
-        self.data = DataPlane(self._claim, data_bind, mooncake=mooncake)
+        self.data = DataPlane(self._claim, data_bind, mooncake_engine=mooncake)
         self.slots: dict[str, ShadowSlot] = {}  # move_id -> incoming slot
         self.tokens: dict[str, ShadowSlot] = {}  # one-time data-plane tokens -> slot
         self.outgoing: dict[str, Manifest] = {}  # move_id -> manifest this host sent
@@ -79,7 +83,7 @@ class MotionEndpoint:
         for verb in VERBS:
             handler, req = getattr(self, f"_on_{verb}"), _REQUESTS[verb]
             self._subs.append(await bus.serve(self.nc, names.engine_subject(self.host_id, verb), req,
-                                              self._traced(verb, handler)))
+                                              traced(f"motion.{verb}", _counted(verb, handler))))
         self._reaper = asyncio.create_task(self._reap(), name=f"motion-reaper:{self.host_id}")
         return addr
 
@@ -95,19 +99,6 @@ class MotionEndpoint:
         await self.data.stop()
         for slot in self.slots.values():
             slot.fail("endpoint stopped")
-
-    def _traced(self, verb: str, handler):
-        async def run(req):
-            with tracer().start_as_current_span(f"motion.{verb}") as span:
-                span.set_attribute("session_id", req.session_id)
-                try:
-                    reply = await handler(req)
-                except StatefleetError as e:
-                    _verbs.add(1, {"verb": verb, "outcome": e.code})
-                    raise
-                _verbs.add(1, {"verb": verb, "outcome": "ok"})
-                return reply
-        return run
 
     # -------------------------------------------------------------- source side
 
@@ -126,8 +117,7 @@ class MotionEndpoint:
             if req.transport == "mooncake":
                 if self.mooncake is None:
                     raise Unavailable(f"host {self.host_id} runs no mooncake engine")
-                return await MooncakeChannel.open_mooncake(self.mooncake, req.dest_addr, req.token, layout,
-                                                           req.chunk_bytes)
+                return await MooncakeChannel.open(self.mooncake, req.dest_addr, req.token, layout, req.chunk_bytes)
             if req.dest_addr in local_receivers:
                 return InProcessChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes)
             return await TcpChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes,
@@ -255,6 +245,19 @@ class MotionEndpoint:
                     self.outgoing.pop(move_id, None)
                     await self._thaw(move_id)
                     log.warning("freeze_expired", move_id=move_id)
+
+
+def _counted(verb: str, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+    """Count each served verb by its outcome: ok, or the typed error's code."""
+    async def run(req: Any) -> Any:
+        try:
+            reply = await handler(req)
+        except StatefleetError as e:
+            _verbs.add(1, {"verb": verb, "outcome": e.code})
+            raise
+        _verbs.add(1, {"verb": verb, "outcome": "ok"})
+        return reply
+    return run
 
 
 _REQUESTS = {"register_state": RegisterState, "admit": AdmitMove, "migrate": Migrate, "verify": SlotRequest,

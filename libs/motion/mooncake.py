@@ -17,8 +17,11 @@ import msgspec
 import torch
 
 from libs.errors import IntegrityError, Unavailable
-from libs.motion import crc, wire
-from libs.motion.tcp import TcpChannel, recv_blocking, split_addr
+from libs.motion import crc, netio, wire
+from libs.motion.slot import ShadowSlot
+from libs.motion.stream import FrameStream
+from libs.motion.transport import Channel
+from libs.schemas.motion import Manifest
 
 try:
     from mooncake.engine import TransferEngine
@@ -29,7 +32,9 @@ except ImportError as e:  # the wheel is missing, or libibverbs.so.1 is
     IMPORT_ERROR = str(e)
 
 READY = msgspec.msgpack.Encoder()
+MAX_READY_BYTES = 64 << 20
 STAGING_SLOTS = 2
+CODEC = wire.CODECS["mooncake"]
 
 
 class MooncakeEngine:
@@ -56,52 +61,87 @@ class MooncakeEngine:
             raise Unavailable(f"mooncake write of {nbytes} bytes to {peer} failed")
 
 
-def ready_message(engine: MooncakeEngine, flats: list[torch.Tensor]) -> bytes:
-    body = READY.encode([engine.session, [f.data_ptr() for f in flats]])
-    return len(body).to_bytes(4, "little") + body
+# ---------------------------------------------------------------- receiver side
 
 
-class MooncakeChannel(TcpChannel):
-    """Bytes by Mooncake into the receiver's registered slot; frames and CRCs by our TCP stream."""
+def offer(engine: MooncakeEngine | None, slot: ShadowSlot) -> tuple[list[torch.Tensor], bytes]:
+    """Register the slot's staged memory with `engine`; returns what was registered (for `withdraw`) and
+    the ready message that tells the sender where to write."""
+    if engine is None or slot.device.type != "cpu":
+        raise IntegrityError("this receiver offers no mooncake transfer for this slot")
+    registered = []
+    try:
+        for t in slot.flats:
+            engine.register(t)
+            registered.append(t)
+    except Unavailable:
+        withdraw(engine, registered)
+        raise
+    body = READY.encode([engine.session, [f.data_ptr() for f in registered]])
+    return registered, len(body).to_bytes(4, "little") + body
 
-    engine: MooncakeEngine
-    peer: str
-    remote: list[int]
-    staging: list[torch.Tensor]
-    turn: int = 0
-    put_many = None  # bytes go by Mooncake chunk by chunk, through `put`
+
+def withdraw(engine: MooncakeEngine, registered: list[torch.Tensor]) -> None:
+    for t in registered:
+        engine.unregister(t)
+
+
+# ---------------------------------------------------------------- sender side
+
+
+class MooncakeChannel(Channel):
+    """Bytes by Mooncake into the receiver's registered slot, chunk by chunk through `put` (the base
+    `put_many` reads and checksums ahead); frames and CRCs by our TCP stream."""
+
+    def __init__(self, stream: FrameStream, engine: MooncakeEngine, peer: str, remote: list[int]) -> None:
+        self.stream, self.engine, self.peer, self.remote = stream, engine, peer, remote
+        self.staging: list[torch.Tensor] = []  # registered host buffers the engine writes from, in turn
+        self.turn = 0
 
     @classmethod
-    async def open_mooncake(cls, engine: MooncakeEngine, dest_addr: str, token: str, layout, chunk_bytes: int,
-                            ) -> MooncakeChannel:
-        ch = await cls.open(dest_addr, token, layout, chunk_bytes, codec="mooncake")
-        n = int.from_bytes(await asyncio.to_thread(recv_blocking, ch.sock, 4), "little")
-        if n > 64 << 20:
-            raise IntegrityError("oversized mooncake ready message")
-        peer, remote = msgspec.msgpack.decode(await asyncio.to_thread(recv_blocking, ch.sock, n))
-        host, _ = split_addr(dest_addr)
-        ch.engine, ch.peer, ch.remote = engine, f"{host}:{peer.rpartition(':')[2]}", remote
-        ch.staging = [torch.empty(chunk_bytes, dtype=torch.uint8) for _ in range(STAGING_SLOTS)]
-        for t in ch.staging:
-            engine.register(t)
-        return ch
+    async def open(cls, engine: MooncakeEngine, dest_addr: str, token: str, layout: Manifest,
+                   chunk_bytes: int) -> MooncakeChannel:
+        stream = await FrameStream.open(dest_addr, token, layout, chunk_bytes, codec="mooncake")
+        ch: MooncakeChannel | None = None
+        try:
+            n = int.from_bytes(await stream.recv(4), "little")
+            if n > MAX_READY_BYTES:
+                raise IntegrityError("oversized mooncake ready message")
+            peer, remote = msgspec.msgpack.decode(await stream.recv(n))
+            host, _ = netio.split_addr(dest_addr)
+            ch = cls(stream, engine, f"{host}:{peer.rpartition(':')[2]}", remote)
+            for _ in range(STAGING_SLOTS):
+                t = torch.empty(chunk_bytes, dtype=torch.uint8)
+                engine.register(t)
+                ch.staging.append(t)
+            return ch
+        except BaseException:
+            await (ch.close() if ch is not None else stream.close())
+            raise
+
+    @property
+    def wire_bytes(self) -> int:
+        return self.stream.wire_bytes
 
     async def put(self, leaf: int, offset: int, data: torch.Tensor, chunk_crc: int) -> None:
         stage = self.staging[self.turn % STAGING_SLOTS][: data.numel()]
         self.turn += 1
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(crc.pool, self._write, stage, data, self.remote[leaf] + offset)
-        frame = wire.Frame(wire.DATA, wire.CODECS["mooncake"], self.seq, leaf, offset, data.numel(), 0, chunk_crc)
-        self.seq += 1
-        self.in_round += 1
-        self.wire_bytes += data.numel() + wire.FRAME_BYTES
-        await self._send(wire.pack_frame(frame))
+        await asyncio.get_running_loop().run_in_executor(crc.pool, self._write, stage, data,
+                                                         self.remote[leaf] + offset)
+        await self.stream.send(self.stream.data_frame(CODEC, leaf, offset, data.numel(), 0, chunk_crc,
+                                                      moved=data.numel()))
 
     def _write(self, stage: torch.Tensor, data: torch.Tensor, remote_ptr: int) -> None:
         stage.copy_(data)
         self.engine.write(self.peer, stage.data_ptr(), remote_ptr, data.numel())
 
+    async def end_round(self) -> None:
+        await self.stream.end_round()
+
+    async def finish(self) -> int:
+        return await self.stream.finish()
+
     async def close(self) -> None:
-        for t in getattr(self, "staging", []):
-            self.engine.unregister(t)
-        await super().close()
+        withdraw(self.engine, self.staging)
+        self.staging = []
+        await self.stream.close()

@@ -13,22 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-
-import torch
 
 from libs.errors import Conflict, IntegrityError
 from libs.motion import crc, manifest
 from libs.motion.host import StateHost
 from libs.motion.slot import chunks_of, staged_digest
-from libs.motion.transport import Channel
+from libs.motion.transport import Channel, Chunk
 from libs.schemas.motion import Manifest, MigrateResult
 
-Chunk = tuple[int, int, int]  # leaf, offset, length
 OpenChannel = Callable[[Manifest], Awaitable[Channel]]
-PREFETCH = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,40 +39,12 @@ def chunk_grid(flat: manifest.Flat, chunk_bytes: int) -> list[Chunk]:
             for off, n in chunks_of(t.numel() * t.element_size(), chunk_bytes)]
 
 
-def _chunk(views: list[torch.Tensor], c: Chunk, bounce: bool, checksum: bool) -> tuple[torch.Tensor, int]:
-    leaf, off, n = c
-    data = views[leaf][off:off + n]
-    if bounce:
-        data = data.clone()
-    return data, crc.crc_bytes(data) if checksum else 0
-
-
 async def send_chunks(ch: Channel, flat: manifest.Flat, chunks: list[Chunk], *, bounce: bool,
                       checksum: bool = True) -> list[int]:
-    """Send `chunks`, checksumming up to PREFETCH ahead on the worker pool; returns their CRCs."""
-    loop = asyncio.get_running_loop()
-    views = [crc.byte_view(t) for t in flat.tensors]
-    put_many = getattr(ch, "put_many", None)  # a channel that sends a whole round off the event loop
-    if put_many is not None:
-        crcs = await put_many(views, chunks, bounce, checksum)
-        await ch.end_round()
-        return crcs
-    pending: deque[asyncio.Future] = deque()
-    out: list[int] = []
-    nxt = 0
-    try:
-        for c in chunks:
-            while nxt < len(chunks) and len(pending) < PREFETCH:
-                pending.append(loop.run_in_executor(crc.pool, _chunk, views, chunks[nxt], bounce, checksum))
-                nxt += 1
-            data, value = await pending.popleft()
-            await ch.put(c[0], c[1], data, value)
-            out.append(value)
-    finally:
-        for f in pending:
-            f.cancel()
+    """Send `chunks` as one round; returns their CRCs."""
+    crcs = await ch.put_many([crc.byte_view(t) for t in flat.tensors], chunks, bounce=bounce, checksum=checksum)
     await ch.end_round()
-    return out
+    return crcs
 
 
 async def chunk_crcs(flat: manifest.Flat, chunks: list[Chunk]) -> list[int]:
@@ -155,7 +122,7 @@ async def send_state(host: StateHost, session_id: str, open_channel: OpenChannel
         if digest != staged_digest(leaf_crcs):
             raise IntegrityError("the receiver staged different bytes than were sent", session_id=session_id)
         m = manifest.build(session_id, flat, leaf_crcs, tier=tier, descriptor=descriptor)
-        return MigrateResult(manifest=m, rounds=rounds, wire_bytes=getattr(ch, "wire_bytes", m.total_bytes),
+        return MigrateResult(manifest=m, rounds=rounds, wire_bytes=ch.wire_bytes,
                              transfer_s=time.monotonic() - started, freeze_s=freeze_s)
     finally:
         if ch is not None:

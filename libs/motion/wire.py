@@ -44,6 +44,12 @@ class Frame:
     crc: int
 
 
+def pack_hello(token: str, layout: bytes, chunk_bytes: int, codec: str, byte_planes: bool,
+               verify_chunks: bool) -> bytes:
+    flags = (FLAG_PLANES if byte_planes else 0) | (0 if verify_chunks else FLAG_UNVERIFIED)
+    return MAGIC + bytes.fromhex(token) + HELLO.pack(len(layout), chunk_bytes, CODECS[codec], flags, 0) + layout
+
+
 def pack_frame(f: Frame) -> bytes:
     head = FRAME.pack(f.kind, f.codec, 0, f.seq, f.leaf, f.offset, f.length, f.wire_len, f.crc)
     return head + HEADER_CRC.pack(crc.crc(head))

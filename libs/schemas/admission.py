@@ -16,11 +16,11 @@ SESSION_ID_PATTERN = "^[0-9a-f]{32}$"
 BACKEND_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
 MAX_PROMPT_CHARS = 65536
 
-Outcome = Literal["admitted", "queued", "rejected", "timed_out"]
-SessionState = Literal["queued", "placed", "timed_out"]
+AdmissionOutcome = Literal["admitted", "queued", "rejected", "timed_out"]
+AdmissionState = Literal["queued", "placed", "timed_out"]
 
 
-class Verdict(Msg):
+class AdmissionVerdict(Msg):
     """An admission decision and the arithmetic it used.
 
     `reason` is "" when admitted; else incoherent_contract | never_fits | queue_full | queue_timeout,
@@ -28,7 +28,7 @@ class Verdict(Msg):
     host's estimate (why each does not fit now, or would not fit even idle for never_fits).
     """
 
-    outcome: Outcome
+    outcome: AdmissionOutcome
     reason: str = ""
     detail: str = ""
     fields: list[str] = []
@@ -55,8 +55,8 @@ class SessionRecord(Msg):
     contract: Contract
     seed: int
     prompt: str
-    state: SessionState
-    verdict: Verdict
+    state: AdmissionState
+    verdict: AdmissionVerdict
     created_at: float
     updated_at: float
     queue_deadline: float = 0.0
@@ -65,23 +65,23 @@ class SessionRecord(Msg):
     demand: Demand | None = None  # what it takes on host_id until the host's heartbeat shows it
 
 
-class SessionMetrics(msgspec.Struct, kw_only=True):
+class AdmissionMetrics(msgspec.Struct, kw_only=True):
     queue_wait_s: float  # created → placed (or → now while queued, → timeout)
     tier: int = 0  # the quality tier admission budgeted (lowest profiled tier >= floor)
     busy_fraction: float = 0.0  # its estimated steady-state share of the host's device
     state_bytes: int = 0  # its estimated resident state
 
 
-class SessionView(Msg):
+class SessionStatus(Msg):
     """GET /v1/sessions/{session_id}. The owner fields are fence's log as last read: a hint."""
 
     session_id: str
-    state: SessionState
+    state: AdmissionState
     backend: str
     contract: Contract
     host_id: str
-    verdict: Verdict
-    metrics: SessionMetrics
+    verdict: AdmissionVerdict
+    metrics: AdmissionMetrics
     created_at: float
     updated_at: float
     owner_server_id: str = ""  # the latest fence assignment (server_id, version)
@@ -89,7 +89,7 @@ class SessionView(Msg):
     claimed: bool = False  # the assigned server has claimed: it takes the session's input
 
 
-class CreatedSession(SessionView):
+class CreatedSession(SessionStatus):
     """The body of a successful create (201 placed, 202 queued): the view plus how to talk to the session.
 
     `input_token` is shown once (fence keeps only its hash); it authorizes the input and output
@@ -148,4 +148,4 @@ class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
     fields: list[str] = []
     reason: str | None = None
     retryable: bool = False
-    verdict: Verdict | None = None
+    verdict: AdmissionVerdict | None = None

@@ -6,15 +6,14 @@ from typing import Literal
 
 from libs.schemas.base import Msg
 from libs.schemas.common import InputItem
+from libs.session_classes import DeterminismTier, SessionClass
 
-SessionClass = Literal["C1", "C2a", "C2b", "C3", "C4", "C5"]
-Determinism = Literal["T0", "T1", "T2"]
 SessionState = Literal["running", "suspended", "closing", "closed", "failed"]
 
 
 class OpenSession(Msg):
-    """`open`: create a session from a seed and prompt. Periodic classes (C1, C2a, C2b) run one
-    block per `period_ms` on their own; the others run the blocks asked for by `advance`."""
+    """`open`: create a session from a seed and prompt. Periodic classes (`session_classes.PERIODIC`)
+    run one block per `period_ms` on their own; the others run the blocks asked for by `advance`."""
 
     session_id: str
     backend: str
@@ -24,7 +23,7 @@ class OpenSession(Msg):
     quality_floor: int = 0  # the ladder never steps below this many denoise steps; 0 = the lowest tier
     session_class: SessionClass = "C3"
     period_ms: float = 0.0  # release period of C1/C2 sessions (their deadline is the next release)
-    determinism: Determinism = "T0"  # T0 sessions are never coalesced into a batch (bitwise replay)
+    determinism: DeterminismTier = "T0"  # T0 sessions are never coalesced into a batch (bitwise replay)
 
 
 class SessionRef(Msg):
@@ -153,7 +152,7 @@ class SessionDescriptor(Msg):
     quality_floor: int
     session_class: SessionClass
     period_ms: float
-    determinism: Determinism
+    determinism: DeterminismTier
     backend_config: bytes  # the backend's own msgpack config (e.g. the world model's cache size)
     blocks_done: int
     input_cursor: int

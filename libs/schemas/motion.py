@@ -10,7 +10,7 @@ from libs.schemas.base import Msg
 
 Mode = Literal["stop_and_copy", "precopy"]
 Codec = Literal["none", "zstd", "lz4"]
-Outcome = Literal["committed", "rolled_back", "rejected"]
+MoveOutcome = Literal["committed", "rolled_back", "rejected"]
 Transport = Literal["auto", "mooncake"]  # auto: in-process when the destination is in this process, else TCP
 
 
@@ -149,7 +149,7 @@ class MoveReceipt(Msg):
     session_id: str
     source: str
     dest: str
-    outcome: Outcome
+    outcome: MoveOutcome
     reason: str = ""
     fingerprint: int = 0
     state_bytes: int = 0

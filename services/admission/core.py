@@ -34,7 +34,7 @@ from libs.contracts import (
     idle,
 )
 from libs.errors import BadRequest
-from libs.schemas.admission import Verdict
+from libs.schemas.admission import AdmissionVerdict
 from libs.schemas.common import EngineEntry
 
 # A verdict that is not an admission shows this many hosts' estimates (host_id order), not the whole fleet.
@@ -71,54 +71,54 @@ class AdmissionCore:
 
     # ------------------------------------------------------------ decisions
 
-    def submit(self, cand: Candidate, hosts: Sequence[EngineEntry], now: float) -> Verdict:
+    def submit(self, cand: Candidate, hosts: Sequence[EngineEntry], now: float) -> AdmissionVerdict:
         """Decide a new candidate. `admitted` is not yet recorded: follow with `placed` or `enqueue`."""
         try:
             check_coherence(cand.contract, cand.backend, backend_tiers(hosts, cand.backend))
         except BadRequest as e:
-            return Verdict(outcome="rejected", reason="incoherent_contract", detail=e.detail,
+            return AdmissionVerdict(outcome="rejected", reason="incoherent_contract", detail=e.detail,
                            fields=e.fields["fields"].split(","))
         ests = []
         for e in self._estimates(cand, hosts):
             if e.fits and not self._queue:
-                return Verdict(outcome="admitted", estimates=[e])  # first fit: no need to look further
+                return AdmissionVerdict(outcome="admitted", estimates=[e])  # first fit: no need to look further
             ests.append(e)
         if not any(e.fits for e in ests) and not any(self._idle_fits(cand, h) for h in hosts):
             never = [estimate(cand.contract, cand.backend, idle(h), [], self.policy.guard)
                      for h in sorted(hosts, key=lambda h: h.host_id)[:MAX_REPORTED_ESTIMATES]]
-            return Verdict(outcome="rejected", reason="never_fits", estimates=never,
+            return AdmissionVerdict(outcome="rejected", reason="never_fits", estimates=never,
                            detail="no live engine host could take this session even when idle")
         return self.enqueue(cand, now, estimates=ests[:MAX_REPORTED_ESTIMATES])
 
     def enqueue(self, cand: Candidate, now: float, *, deadline: float | None = None,
-                estimates: Sequence[Estimate] = ()) -> Verdict:
+                estimates: Sequence[Estimate] = ()) -> AdmissionVerdict:
         """Put `cand` at the tail (or reject it if the queue is full). `deadline` restores a waiter."""
         if cand.session_id in self._queue:
             raise BadRequest(f"session {cand.session_id} is already queued", session_id=cand.session_id)
         if len(self._queue) >= self.policy.queue_capacity:
-            return Verdict(outcome="rejected", reason="queue_full", estimates=list(estimates),
+            return AdmissionVerdict(outcome="rejected", reason="queue_full", estimates=list(estimates),
                            detail=f"no host fits now and {len(self._queue)} candidates already wait")
         deadline = now + self.policy.queue_timeout_s if deadline is None else deadline
         self._queue[cand.session_id] = Waiting(cand, now, deadline)
-        return Verdict(outcome="queued", reason="waiting_for_capacity", estimates=list(estimates),
+        return AdmissionVerdict(outcome="queued", reason="waiting_for_capacity", estimates=list(estimates),
                        queue_position=len(self._queue), queue_deadline=deadline)
 
-    def expire(self, now: float) -> list[tuple[Candidate, Verdict]]:
+    def expire(self, now: float) -> list[tuple[Candidate, AdmissionVerdict]]:
         """Remove and return every waiter whose deadline has passed."""
         gone = [w for w in self._queue.values() if w.deadline <= now]
         for w in gone:
             del self._queue[w.candidate.session_id]
-        return [(w.candidate, Verdict(outcome="timed_out", reason="queue_timeout", queue_deadline=w.deadline,
+        return [(w.candidate, AdmissionVerdict(outcome="timed_out", reason="queue_timeout", queue_deadline=w.deadline,
                                       detail=f"waited {now - w.enqueued_at:.3f}s without fitting any host"))
                 for w in gone]
 
-    def head_ready(self, hosts: Sequence[EngineEntry]) -> tuple[Candidate, Verdict] | None:
+    def head_ready(self, hosts: Sequence[EngineEntry]) -> tuple[Candidate, AdmissionVerdict] | None:
         """The queue head with an `admitted` verdict if it fits now; it stays queued until `placed`."""
         if not self._queue:
             return None
         cand = next(iter(self._queue.values())).candidate
         fit = next((e for e in self._estimates(cand, hosts) if e.fits), None)
-        return (cand, Verdict(outcome="admitted", estimates=[fit])) if fit else None
+        return (cand, AdmissionVerdict(outcome="admitted", estimates=[fit])) if fit else None
 
     # ------------------------------------------------------------ bookkeeping
 

@@ -48,7 +48,7 @@ class FleetFeed:
         for bucket, apply in ((names.ENGINES_BUCKET, self._host), (names.SESSIONS_BUCKET, self._session),
                               (names.ADMISSION_BUCKET, self._record), (names.MOVES_INFLIGHT_BUCKET, self._move)):
             spawn(self._follow(bucket, apply), f"feed:{bucket}")
-        await self.nc.subscribe(names.MOVER_RECEIPTS, cb=self._on_receipt)
+        await self.nc.subscribe(names.MOVE_RECEIPT_SUBJECTS, cb=self._on_receipt)
 
     # ------------------------------------------------------------ the page's view
 

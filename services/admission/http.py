@@ -2,7 +2,7 @@
 
 Routes (the OpenAPI document at `/openapi.json` is the contract):
   POST   /v1/sessions                 CreateSession → 201 CreatedSession (placed) | 202 CreatedSession (queued)
-  GET    /v1/sessions/{session_id}    → SessionView
+  GET    /v1/sessions/{session_id}    → SessionStatus
   DELETE /v1/sessions/{session_id}    → 204
   GET    /v1/admin/queue              → QueueView   (Authorization: Bearer <admin_token>)
   GET    /v1/admin/fleet              → FleetView   (Authorization: Bearer <admin_token>)
@@ -23,13 +23,13 @@ from aiohttp import web
 from libs.errors import BadRequest, Forbidden, Internal, NotFound, StatefleetError, Unauthorized
 from libs.schemas.admission import (
     SESSION_ID_PATTERN,
+    AdmissionVerdict,
     CreatedSession,
     CreateSession,
     FleetView,
     Problem,
     QueueView,
-    SessionView,
-    Verdict,
+    SessionStatus,
 )
 from libs.schemas.base import check_version
 from services.admission.openapi import OPENAPI
@@ -43,7 +43,7 @@ _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 
 class SessionApi(Protocol):
     async def create(self, req: CreateSession) -> tuple[int, CreatedSession]: ...
-    async def get(self, session_id: str) -> SessionView: ...
+    async def get(self, session_id: str) -> SessionStatus: ...
     async def delete(self, session_id: str) -> None: ...
     def queue_view(self) -> QueueView: ...
     def fleet_view(self) -> FleetView: ...
@@ -157,7 +157,7 @@ def problem(e: StatefleetError) -> web.Response:
     verdict = f.get("verdict")
     body = Problem(title=HTTPStatus(e.http_status).phrase, status=e.http_status, detail=e.detail, code=e.code,
                    field=f.get("field") or None, fields=fields, reason=f.get("reason"), retryable=e.retryable,
-                   verdict=verdict if isinstance(verdict, Verdict) else None)
+                   verdict=verdict if isinstance(verdict, AdmissionVerdict) else None)
     headers = {"WWW-Authenticate": 'Bearer realm="statefleet-admin"'} if isinstance(e, Unauthorized) else {}
     if isinstance(e, NotFound | BadRequest | Unauthorized | Forbidden):
         log.info("http_client_error", code=e.code, detail=e.detail)

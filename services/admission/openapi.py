@@ -13,11 +13,11 @@ from libs.schemas.admission import (
     FleetView,
     Problem,
     QueueView,
-    SessionView,
+    SessionStatus,
 )
 
 _REF = "#/components/schemas/{name}"
-_, _COMPONENTS = msgspec.json.schema_components([CreateSession, CreatedSession, SessionView, QueueView, FleetView, Problem],
+_, _COMPONENTS = msgspec.json.schema_components([CreateSession, CreatedSession, SessionStatus, QueueView, FleetView, Problem],
                                                  ref_template=_REF)
 
 
@@ -53,7 +53,7 @@ OPENAPI: dict[str, Any] = {
         "/v1/sessions/{session_id}": {
             "parameters": [_SESSION_ID],
             "get": {"operationId": "getSession", "summary": "A session's state, host and metrics",
-                    "responses": {"200": _body(SessionView, "the session"), **_problems(400, 404, 503)}},
+                    "responses": {"200": _body(SessionStatus, "the session"), **_problems(400, 404, 503)}},
             "delete": {"operationId": "deleteSession", "summary": "Forget a session (queued or placed)",
                        "responses": {"204": {"description": "deleted"}, **_problems(400, 404, 503)}},
         },

@@ -21,7 +21,7 @@ shuts the session down in order) before the record goes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import time
 import uuid
 from typing import Annotated
@@ -38,17 +38,18 @@ from libs.contracts import Demand, Guard
 from libs.errors import Busy, Conflict, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
 from libs.fence import core as fence_core
 from libs.fence.ownership import assign, read_owner, update_summary
+from libs.live_hosts import LiveHosts
 from libs.schemas.admission import (
+    AdmissionMetrics,
+    AdmissionVerdict,
     CreatedSession,
     CreateSession,
     FleetHost,
     FleetView,
     QueueEntry,
     QueueView,
-    SessionMetrics,
     SessionRecord,
-    SessionView,
-    Verdict,
+    SessionStatus,
 )
 from libs.schemas.base import decode, encode
 from libs.schemas.common import EngineEntry
@@ -56,7 +57,7 @@ from libs.schemas.fence import CloseReply, CloseRequest, RegisterReply, Register
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from libs.schemas.placement import Placement, PlaceRequest
 from libs.service import Service
-from libs.telemetry import counter, histogram, tracer
+from libs.telemetry import counter, histogram, traced
 from services.admission import http
 from services.admission.console import add_console
 from services.admission.core import AdmissionCore, Candidate, Policy
@@ -96,14 +97,12 @@ class AdmissionService(Service):
                                          queue_timeout_s=cfg.queue_timeout_s, settle_s=cfg.reservation_settle_s))
         self._lock = asyncio.Lock()  # one decision at a time: decide, place, record
         self._wake = asyncio.Event()
-        self._engines: dict[str, EngineEntry] = {}
         self.records = await bus.ensure_kv(self.js, names.ADMISSION_BUCKET, replicas=cfg.nats_replicas)
-        self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET,
-                                              ttl_s=cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR,
-                                              replicas=cfg.nats_replicas)
-        watcher = await self.engines_kv.watchall()
+        self.hosts = await LiveHosts.open(self.js, heartbeat_s=cfg.heartbeat_s, replicas=cfg.nats_replicas,
+                                          log=self.log)
+        await self.hosts.watch()
         await self._recover()
-        self.spawn(self._watch_engines(watcher), "watch_engines")
+        self.spawn(self.hosts.follow(self._wake.set, cfg.engine_watch_silence_s), "watch_engines")
         self.spawn(self._drain_loop(), "drain")
         self.feed = FleetFeed(self.nc, self.js, queue=self.queue_view, heartbeat_s=cfg.heartbeat_s)
         await self.feed.start(self.spawn)
@@ -127,8 +126,7 @@ class AdmissionService(Service):
             raise TooLarge(f"prompt is over {self.config.max_prompt_bytes} bytes", field="prompt",
                            limit=self.config.max_prompt_bytes)
         cand = Candidate(session_id=uuid.uuid4().hex, backend=req.backend, contract=req.contract)
-        with tracer().start_as_current_span("admission.create", attributes={"session_id": cand.session_id}):
-            return await self._create(cand, req)
+        return await traced("admission.create", functools.partial(self._create, req=req))(cand)
 
     async def _create(self, cand: Candidate, req: CreateSession) -> tuple[int, CreatedSession]:
         async with self._lock:
@@ -164,7 +162,7 @@ class AdmissionService(Service):
         """Register with fence (shared metadata for any server that will run it); returns the input token."""
         reg = RegisterRequest(session_id=session_id, backend=req.backend, seed=req.seed, prompt=req.prompt,
                               contract=encode(req.contract), tier=req.contract.quality_floor)
-        reply = await bus.request(self.nc, "sf.fence.register", reg, RegisterReply,
+        reply = await bus.request(self.nc, names.FENCE_REGISTER, reg, RegisterReply,
                                   timeout_s=self.config.fence_timeout_s)
         # what `statefleet status` shows about the session besides its owner (a hint)
         await update_summary(self.js, session_id, fence_core.EMPTY, backend=req.backend,
@@ -173,7 +171,7 @@ class AdmissionService(Service):
 
     async def _close_at_fence(self, session_id: str, reason: str) -> None:
         try:
-            await bus.request(self.nc, "sf.fence.close", CloseRequest(session_id=session_id, reason=reason),
+            await bus.request(self.nc, names.FENCE_CLOSE, CloseRequest(session_id=session_id, reason=reason),
                               CloseReply, timeout_s=self.config.fence_timeout_s)
         except NotFound:
             pass  # never registered (or already gone): nothing to close
@@ -185,7 +183,7 @@ class AdmissionService(Service):
         return CreatedSession(**msgspec.structs.asdict(view), input_token=token, input_url=f"{base}/items",
                               input_ws_url=f"{ws}/ws", output_ws_url=f"{ws}/output")
 
-    async def get(self, session_id: str) -> SessionView:
+    async def get(self, session_id: str) -> SessionStatus:
         return await self._owned_view(await self._load(session_id))
 
     async def delete(self, session_id: str) -> None:
@@ -224,7 +222,7 @@ class AdmissionService(Service):
 
     # ------------------------------------------------------------ placing and recording
 
-    async def _place(self, record: SessionRecord, verdict: Verdict, *, create: bool) -> SessionRecord | None:
+    async def _place(self, record: SessionRecord, verdict: AdmissionVerdict, *, create: bool) -> SessionRecord | None:
         """Ask placement for a host and record the decision; None when it could not be placed now."""
         sid = record.session_id
         req = PlaceRequest(session_id=sid, backend=record.backend, contract=record.contract, guard=self.guard)
@@ -316,43 +314,10 @@ class AdmissionService(Service):
 
     # ------------------------------------------------------------ engine hosts
 
-    async def _watch_engines(self, watcher) -> None:
-        """Follow `sf_engines`. Engines beat every few seconds, so a watch silent for longer than
-        `engine_watch_silence_s` is re-opened: an ordered consumer does not outlive a server restart."""
-        while True:
-            try:
-                await self._follow(watcher)
-            except nats.errors.Error as e:
-                self.log.info("engine_watch_reopen", reason=type(e).__name__)
-            with contextlib.suppress(nats.errors.Error):
-                await watcher.stop()
-            try:
-                watcher = await self.engines_kv.watchall()
-            except nats.errors.Error as e:  # the bus is down: try again shortly
-                self.log.warning("engine_watch_failed", error=type(e).__name__)
-                await asyncio.sleep(self.config.heartbeat_s)
-
-    async def _follow(self, watcher) -> None:
-        while True:
-            entry = await watcher.updates(timeout=self.config.engine_watch_silence_s)
-            if entry is None:
-                continue  # the "caught up" marker
-            if entry.operation in ("DEL", "PURGE") or not entry.value:
-                self._engines.pop(entry.key, None)
-            else:
-                try:
-                    self._engines[entry.key] = decode(entry.value, EngineEntry)
-                except StatefleetError as e:
-                    self.log.warning("engine_entry_undecodable", host_id=entry.key, detail=e.detail)
-                    continue
-            self._wake.set()
-
     def _live(self) -> list[EngineEntry]:
-        """Hosts with a fresh heartbeat; TTL-expired keys raise no watch event, so age them out here."""
-        oldest = time.time() - self.config.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
-        return [h for h in self._engines.values() if h.heartbeat_at >= oldest]
+        return self.hosts.followed()
 
-    async def _owned_view(self, r: SessionRecord) -> SessionView:
+    async def _owned_view(self, r: SessionRecord) -> SessionStatus:
         """The view with fence's owner as the log last said (a hint; no read decides anything)."""
         view = self._view(r)
         if r.state != "placed":
@@ -368,22 +333,22 @@ class AdmissionService(Service):
                                            claimed=claim == owner)
         return view
 
-    def _view(self, r: SessionRecord) -> SessionView:
+    def _view(self, r: SessionRecord) -> SessionStatus:
         est = r.verdict.estimates[0] if r.verdict.estimates else None
         end = r.placed_at or (r.updated_at if r.state == "timed_out" else time.time())
-        metrics = SessionMetrics(queue_wait_s=max(0.0, end - r.created_at),
+        metrics = AdmissionMetrics(queue_wait_s=max(0.0, end - r.created_at),
                                  tier=est.tier if est else 0,
                                  busy_fraction=r.demand.busy_fraction if r.demand else 0.0,
                                  state_bytes=r.demand.state_bytes if r.demand else 0)
         verdict = r.verdict
         if r.state == "queued":
             verdict = msgspec.structs.replace(verdict, queue_position=self.core.position(r.session_id))
-        return SessionView(session_id=r.session_id, state=r.state, backend=r.backend, contract=r.contract,
+        return SessionStatus(session_id=r.session_id, state=r.state, backend=r.backend, contract=r.contract,
                            host_id=r.host_id, verdict=verdict, metrics=metrics, created_at=r.created_at,
                            updated_at=r.updated_at)
 
 
-def _rejection(verdict: Verdict) -> StatefleetError:
+def _rejection(verdict: AdmissionVerdict) -> StatefleetError:
     """The error a rejected create answers with; it carries the verdict (and its estimates) to the client."""
     if verdict.reason == "queue_full":
         return Busy(verdict.detail, reason=verdict.reason, verdict=verdict)

@@ -27,7 +27,7 @@ from aiohttp import WSCloseCode, web
 from nats.aio.client import Client as NATS
 
 from libs import errors, names
-from libs.fence import log
+from libs.fence import session_log
 from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
 from libs.schemas.fence import LogRecord
@@ -91,7 +91,7 @@ class Egress:
         self.nc, self.sessions, self.max_buffered = nc, sessions, max_buffered
 
     async def handle(self, request: web.Request, token: str | None) -> web.StreamResponse:
-        session_id = log.check_session_id(request.match_info["session_id"])
+        session_id = session_log.check_session_id(request.match_info["session_id"])
         ws = track(request, web.WebSocketResponse(heartbeat=10.0))
         if token is None:  # a browser: the token comes in the first message
             if await authenticate_first_message(request, ws,
@@ -113,7 +113,7 @@ class Egress:
         # Subscribed and flushed before the client is told it is connected (handshake, or the auth
         # answer): from then on it gets every chunk published and every owner change.
         subs = [await self.nc.subscribe(names.output_subject(session_id), cb=on_chunk),
-                await self.nc.subscribe(log.log_subject(session_id), cb=on_log)]
+                await self.nc.subscribe(names.session_log_subject(session_id), cb=on_log)]
         try:
             await self.nc.flush()
             if token is None:

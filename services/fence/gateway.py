@@ -3,7 +3,7 @@
 Work arrives three ways: items this instance's ingress has just stored (`offer`, so
 an item does not wait for the consumer's round trip), a durable pull consumer on the
 input stream, shared by every gateway instance (so a crashed instance's items are
-delivered to another), and `sf.fence.kick` requests (queue group) after a claim.
+delivered to another), and `names.FENCE_KICK` requests (queue group) after a claim.
 Every way the work is
 `pump(session)`: decide on the cached log tail, append the release with a
 compare-and-set on that tail, and on a lost race re-read the tail and decide
@@ -26,8 +26,8 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext, api
 
-from libs import bus, errors
-from libs.fence import core, log
+from libs import bus, errors, names
+from libs.fence import core, session_log
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch, Kick, KickReply
@@ -52,7 +52,7 @@ class Gateway:
         self.batch = batch
         self.max_release_items = max_release_items
         self.max_release_bytes = max_release_bytes
-        self.tails: dict[str, log.Tail] = {}  # a cache of each session's log tail: a hint
+        self.tails: dict[str, session_log.Tail] = {}  # a cache of each session's log tail: a hint
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._offered: dict[str, list[tuple[InputItem, int]]] = {}
         self._offer_tasks: dict[str, asyncio.Task] = {}
@@ -60,10 +60,10 @@ class Gateway:
 
     async def start(self, spawn) -> None:
         config = api.ConsumerConfig(durable_name=CONSUMER, ack_policy=api.AckPolicy.EXPLICIT,
-                                    ack_wait=ACK_WAIT_S, max_ack_pending=-1, filter_subject="sf.input.>")
-        self._sub = await self.js.pull_subscribe("sf.input.>", durable=CONSUMER, stream=log.INPUT_STREAM,
+                                    ack_wait=ACK_WAIT_S, max_ack_pending=-1, filter_subject=names.INPUT_SUBJECTS)
+        self._sub = await self.js.pull_subscribe(names.INPUT_SUBJECTS, durable=CONSUMER, stream=names.INPUT_STREAM,
                                                  config=config)
-        await bus.serve(self.nc, "sf.fence.kick", Kick, self._on_kick, queue="fence")
+        await bus.serve(self.nc, names.FENCE_KICK, Kick, self._on_kick, queue="fence")
         self._task = spawn(self._consume(), "gateway")
 
     async def stop(self) -> None:
@@ -94,14 +94,14 @@ class Gateway:
             del self._offer_tasks[session_id]
 
     async def _on_kick(self, kick: Kick) -> KickReply:
-        tail = await self.pump(log.check_session_id(kick.session_id))
+        tail = await self.pump(session_log.check_session_id(kick.session_id))
         return KickReply(session_id=kick.session_id, released=tail.view.released)
 
     async def released(self, session_id: str, *, fresh: bool = False) -> int:
         """How far the session's input has been released (from the cache unless `fresh`)."""
         tail = None if fresh else self.tails.get(session_id)
         if tail is None:
-            tail = self.tails[session_id] = await log.read_tail(self.js, session_id)
+            tail = self.tails[session_id] = await session_log.read_tail(self.js, session_id)
         return tail.view.released
 
     async def _consume(self) -> None:
@@ -152,13 +152,13 @@ class Gateway:
         # An item is done once released, or waiting for a claim (whose kick releases it). Items of a
         # pump that failed are not acked: the consumer redelivers them after ACK_WAIT_S.
         for m in msgs:
-            if m.subject.removeprefix("sf.input.") not in failed:
+            if names.input_session_id(m.subject) not in failed:
                 with contextlib.suppress(nats.errors.Error):
                     await m.ack()
                 await asyncio.sleep(0)  # an ack does not yield: let a waiting release go between them
         return len(todo)
 
-    async def pump(self, session_id: str, prefetched: list[tuple[InputItem, int]] = ()) -> log.Tail:
+    async def pump(self, session_id: str, prefetched: list[tuple[InputItem, int]] = ()) -> session_log.Tail:
         """Release every stored item after the cursor to the claimed owner; return the last tail seen."""
         async with self._locks[session_id]:
             ready = {item.seq: (item, pos) for item, pos in prefetched}
@@ -169,7 +169,7 @@ class Gateway:
                 tail = None if must_read else self.tails.get(session_id)
                 read_now = tail is None
                 if read_now:
-                    tail = self.tails[session_id] = await log.read_tail(self.js, session_id)
+                    tail = self.tails[session_id] = await session_log.read_tail(self.js, session_id)
                 if target is not None and tail.view.released >= target:
                     return tail  # the items in hand are released; re-releases after a newer claim are its kick's
                 owner = core.current_owner(tail.view)
@@ -177,7 +177,7 @@ class Gateway:
                 if batch:
                     event = core.decide_release(tail.view, owner, [i for i, _ in batch], input_pos=batch[-1][1])
                     try:
-                        self.tails[session_id] = await log.append(self.js, session_id, tail, event)
+                        self.tails[session_id] = await session_log.append(self.js, session_id, tail, event)
                         _released.add(len(batch))
                     except errors.Conflict:
                         _cas_lost.add(1)
@@ -190,7 +190,7 @@ class Gateway:
                 # re-opened released items, or a claim whose kick came before these items.
                 must_read = True
 
-    async def _next_items(self, session_id: str, tail: log.Tail,
+    async def _next_items(self, session_id: str, tail: session_log.Tail,
                           ready: dict[int, tuple[InputItem, int]]) -> list[tuple[InputItem, int]]:
         out: list[tuple[InputItem, int]] = []
         size, seq = 0, tail.view.released + 1

@@ -31,7 +31,7 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from libs import errors
-from libs.fence import log
+from libs.fence import session_log
 from libs.ws_auth import Origins, authenticate_first_message
 from services.fence.egress import OPEN_SOCKETS, Egress, close_sockets, track
 from services.fence.gateway import Gateway
@@ -81,7 +81,7 @@ class Ingress:
 
     async def submit(self, session_id: str, token: str | None, body: bytes) -> asyncio.Future[Stored]:
         """Authenticate, validate and bound one item, then queue it for storing (in call order)."""
-        log.check_session_id(session_id)
+        session_log.check_session_id(session_id)
         await self.sessions.authenticate(session_id, token)
         kind, data, item_id = self._parse(body)
         await self._check_bound(session_id)
@@ -135,7 +135,7 @@ class Ingress:
         session_id = request.match_info["session_id"]
         token = _bearer(request)
         try:
-            log.check_session_id(session_id)
+            session_log.check_session_id(session_id)
             self.origins.check(request)
             if token is not None:
                 await self.sessions.authenticate(session_id, token)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import nats.js.errors
 from nats.js import JetStreamContext
 
-from libs.fence import log
+from libs import names
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
@@ -18,7 +18,7 @@ from libs.schemas.fence import InputBatch
 async def next_batch(js: JetStreamContext, session_id: str, pos: int) -> tuple[InputBatch, int] | None:
     """The session's first stored batch at stream sequence ≥ `pos`, with its stream sequence."""
     try:
-        raw = await js.get_msg(log.INPUT_STREAM, seq=pos, subject=log.input_subject(session_id),
+        raw = await js.get_msg(names.INPUT_STREAM, seq=pos, subject=names.input_subject(session_id),
                                next=True, direct=True)
     except nats.js.errors.NotFoundError:
         return None
@@ -29,7 +29,7 @@ async def locate(js: JetStreamContext, session_id: str, item_seq: int) -> int:
     """The stream sequence to read from to find item `item_seq` (binary search; 1 if unknown)."""
     lo, hi = 1, None
     try:
-        raw = await js.get_last_msg(log.INPUT_STREAM, log.input_subject(session_id), direct=True)
+        raw = await js.get_last_msg(names.INPUT_STREAM, names.input_subject(session_id), direct=True)
         hi = raw.seq
     except nats.js.errors.NotFoundError:
         return 1

@@ -27,14 +27,13 @@ import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 
-from libs import bus, errors
-from libs.fence import log
+from libs import bus, errors, names
+from libs.fence import session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
 from services.fence.dedupe import RecentIds
 
-MAX_CAS_ATTEMPTS = 32
 OnStored = Callable[[str, list[InputItem], int], None]  # (session, items, their batch's stream seq)
 _log = structlog.get_logger("statefleet.fence.inputs")
 
@@ -182,7 +181,7 @@ class InputAppender:
 
         Returns an answer per waiting item, the items stored, and their batch's stream seq.
         """
-        for _ in range(MAX_CAS_ATTEMPTS):
+        for _ in range(bus.MAX_CAS_ATTEMPTS):
             if s.tail is None:
                 s.tail = await self._read_tail(session_id)
             if s.ids is None and any(w.item_id for w in group):
@@ -193,8 +192,8 @@ class InputAppender:
             if not batch.items:
                 return answers, [], 0
             try:
-                ack = await self.js.publish(log.input_subject(session_id), encode(batch),
-                                            headers={log.EXPECTED_LAST_SUBJECT_SEQ: str(s.tail.stream_seq)})
+                ack = await self.js.publish(names.input_subject(session_id), encode(batch),
+                                            headers={session_log.EXPECTED_LAST_SUBJECT_SEQ: str(s.tail.stream_seq)})
             except nats.js.errors.APIError as e:
                 if e.err_code != bus.JS_WRONG_LAST_SEQUENCE:
                     raise errors.Unavailable(f"input store refused: {e.description}") from None
@@ -233,7 +232,7 @@ class InputAppender:
 
     async def _read_tail(self, session_id: str) -> _InputTail:
         try:
-            raw = await self.js.get_last_msg(log.INPUT_STREAM, log.input_subject(session_id), direct=True)
+            raw = await self.js.get_last_msg(names.INPUT_STREAM, names.input_subject(session_id), direct=True)
         except nats.js.errors.NotFoundError:
             return _InputTail()
         except nats.errors.TimeoutError:

@@ -12,17 +12,18 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
-from libs import bus, telemetry
+from libs import bus, names
 from libs.config import BaseConfig, PositiveInt
-from libs.fence import log
+from libs.fence import session_log
 from libs.schemas.fence import CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
 from libs.service import Service
+from libs.telemetry import traced
 from libs.ws_auth import Origins
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
 from services.fence.inputs import InputAppender
-from services.fence.sessions import CLOSED_SUBJECT, Sessions
+from services.fence.sessions import Sessions
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
@@ -49,20 +50,22 @@ class FenceService(Service):
 
     async def setup(self) -> None:
         cfg = self.config
-        await log.provision(self.js, cfg.nats_replicas)
-        kv = await self.js.key_value(log.META_BUCKET)
+        await session_log.provision(self.js, cfg.nats_replicas)
+        kv = await self.js.key_value(names.FENCE_META_BUCKET)
         self.sessions = Sessions(self.nc, self.js, kv, max_contract_bytes=cfg.max_contract_bytes)
         self.gateway = Gateway(self.nc, self.js, batch=cfg.gateway_batch, max_release_items=cfg.max_release_items,
                                max_release_bytes=cfg.max_release_bytes)
         self.appender = InputAppender(self.js, max_group_items=cfg.max_release_items,
                                       max_group_bytes=cfg.max_release_bytes, dedupe_items=cfg.dedupe_items,
                                       on_stored=self.gateway.offer)
-        for verb, req_type, handler in (("register", RegisterRequest, self.sessions.register),
-                                        ("meta", MetaRequest, self.sessions.meta),
-                                        ("checkpoint", CheckpointRequest, self.sessions.checkpoint),
-                                        ("close", CloseRequest, self.sessions.close)):
-            await bus.serve(self.nc, f"sf.fence.{verb}", req_type, _traced(verb, handler), queue="fence")
-        await self.nc.subscribe(CLOSED_SUBJECT, cb=self._on_closed)
+        for span, subject, req_type, handler in (
+                ("fence.register", names.FENCE_REGISTER, RegisterRequest, self.sessions.register),
+                ("fence.meta", names.FENCE_META, MetaRequest, self.sessions.meta),
+                ("fence.checkpoint", names.FENCE_CHECKPOINT, CheckpointRequest, self.sessions.checkpoint),
+                ("fence.close", names.FENCE_CLOSE, CloseRequest, self.sessions.close)):
+            await bus.serve(self.nc, subject, req_type, traced(span, handler, tracer_name="statefleet.fence"),
+                            queue="fence")
+        await self.nc.subscribe(names.FENCE_CLOSED, cb=self._on_closed)
         await self.gateway.start(self.spawn)
         ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions),
                           max_item_bytes=cfg.max_item_bytes,
@@ -84,14 +87,3 @@ class FenceService(Service):
         await self._runner.cleanup()
         await self.appender.close()
         await self.gateway.stop()
-
-
-def _traced(verb: str, handler):
-    """A span around each verb, tagged with its session."""
-    tracer = telemetry.tracer("statefleet.fence")
-
-    async def run(req):
-        with tracer.start_as_current_span(f"fence.{verb}", attributes={"session_id": req.session_id}):
-            return await handler(req)
-
-    return run

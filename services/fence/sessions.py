@@ -19,8 +19,8 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from libs import errors, names
-from libs.fence import core, log, ownership
+from libs import bus, errors, names
+from libs.fence import core, ownership, session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import SessionSummary
 from libs.schemas.fence import (
@@ -35,8 +35,6 @@ from libs.schemas.fence import (
     SessionSpec,
 )
 
-CLOSED_SUBJECT = "sf.fence.closed"  # broadcast so every ingress instance stops taking input
-MAX_CAS_ATTEMPTS = 16
 _log = structlog.get_logger("statefleet.fence.sessions")
 
 
@@ -53,7 +51,7 @@ class Sessions:
     # -------------------------------------------------------------- verbs
 
     async def register(self, req: RegisterRequest) -> RegisterReply:
-        log.check_session_id(req.session_id)
+        session_log.check_session_id(req.session_id)
         if not req.backend:
             raise errors.BadRequest("register needs a backend", session_id=req.session_id)
         if len(req.contract) > self.max_contract_bytes:
@@ -74,17 +72,17 @@ class Sessions:
         return RegisterReply(session_id=req.session_id, token=token)
 
     async def meta(self, req: MetaRequest) -> SessionMeta:
-        meta, _ = await self._read(log.check_session_id(req.session_id))
+        meta, _ = await self._read(session_log.check_session_id(req.session_id))
         return meta
 
     async def checkpoint(self, req: CheckpointRequest) -> SessionMeta:
-        log.check_session_id(req.session_id)
+        session_log.check_session_id(req.session_id)
         me = Owner(server_id=req.server_id, version=req.version)
-        tail = await log.read_tail(self.js, req.session_id)
+        tail = await session_log.read_tail(self.js, req.session_id)
         if not core.authorized(me, tail.view):
             raise errors.Conflict("only the claimed owner may move the checkpoint", session_id=req.session_id,
                                   server_id=req.server_id, version=req.version)
-        for _ in range(MAX_CAS_ATTEMPTS):
+        for _ in range(bus.MAX_CAS_ATTEMPTS):
             meta, revision = await self._read(req.session_id)
             if req.cursor < meta.checkpoint_cursor:
                 raise errors.Conflict(f"checkpoint cursor {req.cursor} is behind {meta.checkpoint_cursor}",
@@ -95,19 +93,19 @@ class Sessions:
         raise errors.Conflict("checkpoint kept losing the race", session_id=req.session_id)
 
     async def close(self, req: CloseRequest) -> CloseReply:
-        log.check_session_id(req.session_id)
-        for _ in range(MAX_CAS_ATTEMPTS):
+        session_log.check_session_id(req.session_id)
+        for _ in range(bus.MAX_CAS_ATTEMPTS):
             meta, revision = await self._read(req.session_id)
             meta.closed = True
             if await self._write(meta, revision):
                 break
-        await self.nc.publish(CLOSED_SUBJECT, req.session_id.encode())
-        for _ in range(MAX_CAS_ATTEMPTS):
-            tail = await log.read_tail(self.js, req.session_id)
+        await self.nc.publish(names.FENCE_CLOSED, req.session_id.encode())
+        for _ in range(bus.MAX_CAS_ATTEMPTS):
+            tail = await session_log.read_tail(self.js, req.session_id)
             if tail.view.closed:
                 return CloseReply(session_id=req.session_id, log_seq=tail.seq)
             try:
-                new = await log.append(self.js, req.session_id, tail, core.decide_close(tail.view, req.reason))
+                new = await session_log.append(self.js, req.session_id, tail, core.decide_close(tail.view, req.reason))
             except errors.Conflict:
                 continue
             await ownership.update_summary(self.js, req.session_id, new.view)

@@ -24,7 +24,7 @@ import msgspec
 from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat
 from libs.errors import Conflict, IntegrityError, Rejected, StatefleetError, Timeout
-from libs.fence import log as fence_log
+from libs.fence import session_log
 from libs.fence.ownership import assign, read_owner
 from libs.schemas.base import decode, encode
 from libs.schemas.motion import (
@@ -44,10 +44,6 @@ from libs.schemas.motion import (
 from libs.service import Service
 from services.mover.plan import MovePlanner
 
-MOVE_SUBJECT = "sf.mover.move"
-RECEIPT_PREFIX = "sf.mover.receipt"
-MOVES_STREAM = "SF_MOVES"
-INFLIGHT_BUCKET = "sf_moves_inflight"
 VERB_TIMEOUT_S = 10.0
 
 
@@ -67,12 +63,12 @@ class MoverService(Service):
     async def setup(self) -> None:
         cfg = self.config
         self.planner = MovePlanner(prior_bps=cfg.prior_bandwidth_bps, alpha=cfg.ewma_alpha, setup_s=cfg.setup_s)
-        await bus.ensure_stream(self.js, bus.StreamSpec(name=MOVES_STREAM, subjects=[f"{RECEIPT_PREFIX}.>"],
+        await bus.ensure_stream(self.js, bus.StreamSpec(name=names.MOVES_STREAM, subjects=[names.MOVE_RECEIPT_SUBJECTS],
                                                         replicas=cfg.nats_replicas))
-        self.journal = await bus.ensure_kv(self.js, INFLIGHT_BUCKET, replicas=cfg.nats_replicas)
-        await fence_log.provision(self.js, cfg.nats_replicas)  # ownership is read and written on fence's log
+        self.journal = await bus.ensure_kv(self.js, names.MOVES_INFLIGHT_BUCKET, replicas=cfg.nats_replicas)
+        await session_log.provision(self.js, cfg.nats_replicas)  # ownership is read and written on fence's log
         await self.recover()
-        await bus.serve(self.nc, MOVE_SUBJECT, MoveRequest, self.move, queue=self.name)
+        await bus.serve(self.nc, names.MOVER_MOVE, MoveRequest, self.move, queue=self.name)
 
     # -------------------------------------------------------------- one move
 
@@ -244,7 +240,7 @@ class MoverService(Service):
             await self._publish(receipt)
 
     async def _publish(self, receipt: MoveReceipt) -> None:
-        await self.js.publish(f"{RECEIPT_PREFIX}.{receipt.session_id}", encode(receipt))
+        await self.js.publish(names.move_receipt_subject(receipt.session_id), encode(receipt))
 
     async def _verb(self, host: str, verb: str, msg, reply_type, timeout_s: float = VERB_TIMEOUT_S):
         return await bus.request(self.nc, names.engine_subject(host, verb), msg, reply_type, timeout_s=timeout_s)

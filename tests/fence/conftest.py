@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from libs import bus
-from libs.fence import log
+from libs import bus, errors, names
 from libs.fence.client import EngineClient, Lease
 from libs.schemas.common import InputItem
 from libs.schemas.fence import RegisterReply, RegisterRequest
@@ -84,7 +83,7 @@ class ToyEngine:
             if self.checkpoint_every and item.seq % self.checkpoint_every == 0:
                 ref = f"{self.client.server_id}:{lease.session_id}:{item.seq}"
                 self.checkpoints[ref] = list(applied)
-                with contextlib.suppress(Exception):  # a revoked owner's checkpoint is refused: fine
+                with contextlib.suppress(errors.Conflict):  # a revoked owner's checkpoint is refused: fine
                     await self.client.checkpoint(lease.session_id, lease.owner.version, ref, item.seq)
         await lease.report_applied(applied[-1] if applied else lease.cursor)
 
@@ -114,8 +113,8 @@ async def stored_items(js, session_id: str) -> list[InputItem]:
 
 
 async def stored_batches(js, session_id: str) -> int:
-    info = await js.stream_info(log.INPUT_STREAM, subjects_filter=log.input_subject(session_id))
-    return (info.state.subjects or {}).get(log.input_subject(session_id), 0)
+    info = await js.stream_info(names.INPUT_STREAM, subjects_filter=names.input_subject(session_id))
+    return (info.state.subjects or {}).get(names.input_subject(session_id), 0)
 
 
 async def burst(http, fence, session_id: str, token: str, frames: list[str]) -> list[dict]:

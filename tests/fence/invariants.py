@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import nats.js.errors
 
-from libs.fence import core, log
+from libs import names
+from libs.fence import core
 from libs.schemas.base import decode
 from libs.schemas.fence import Assign, Claim, LogRecord, Owner, Release
 
@@ -13,7 +14,7 @@ async def read_log(js, session_id: str) -> list[LogRecord]:
     records, pos = [], 1
     while True:
         try:
-            raw = await js.get_msg(log.SESSION_STREAM, seq=pos, subject=log.log_subject(session_id), next=True,
+            raw = await js.get_msg(names.SESSION_STREAM, seq=pos, subject=names.session_log_subject(session_id), next=True,
                                    direct=True)
         except nats.js.errors.NotFoundError:
             return records

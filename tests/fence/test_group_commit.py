@@ -14,8 +14,8 @@ import random
 
 import pytest
 
-from libs import errors
-from libs.fence import log, ownership
+from libs import errors, names
+from libs.fence import ownership, session_log
 from libs.schemas.base import encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
@@ -99,7 +99,7 @@ async def test_the_bound_counts_queued_items_and_nothing_is_lost(nats_server, nc
 
 async def test_a_writer_stopped_mid_store_leaves_whole_groups_only(nats_server, nc):
     js = nc.jetstream()
-    await log.provision(js)
+    await session_log.provision(js)
     for trial in range(5):
         sid = f"g4-{trial}"
         appender = InputAppender(js, max_group_items=16, max_group_bytes=1 << 20)
@@ -127,17 +127,17 @@ async def test_readers_find_every_item_whatever_the_grouping(nats_server, nc, se
     with or without the stream position a release recorded, returns the next items in order."""
     rng = random.Random(seed)
     js = nc.jetstream()
-    await log.provision(js)
+    await session_log.provision(js)
     sid, other = f"g5-{seed}", f"g5x-{seed}"
     n, positions = 0, {}  # item seq -> stream seq of its batch
     while n < 200:
         size = rng.choice([1, 1, 2, 3, 8, 17])
         items = [InputItem(session_id=sid, seq=n + k + 1, kind="text", data=b'"a"') for k in range(size)]
-        ack = await js.publish(log.input_subject(sid), encode(InputBatch(session_id=sid, items=items)))
+        ack = await js.publish(names.input_subject(sid), encode(InputBatch(session_id=sid, items=items)))
         positions.update({i.seq: ack.seq for i in items})
         n += size
         if rng.random() < 0.5:
-            await js.publish(log.input_subject(other),
+            await js.publish(names.input_subject(other),
                              encode(InputBatch(session_id=other, items=[InputItem(session_id=other, seq=n, kind="text",
                                                                                   data=b'"b"')])))
     for _ in range(60):

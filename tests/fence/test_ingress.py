@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from libs import bus, errors
-from libs.fence import log, ownership
+from libs.fence import ownership, session_log
 from libs.schemas.fence import CheckpointRequest, CloseReply, CloseRequest, MetaRequest, SessionMeta
 from services.fence.input_reads import read_items
 from tests.fence.conftest import engine, post, register, start_fence, wait_for
@@ -87,7 +87,7 @@ async def test_verbs_refuse_bad_requests_and_append_nothing(fence, nc):
     assert garbage.headers[bus.ERROR_HEADER] == "schema"
     a = await ownership.assign(nc, js, "v1", "e1")
     e1, e2 = await engine(nc, "e1"), await engine(nc, "e2")
-    before = (await log.read_tail(js, "v1")).seq
+    before = (await session_log.read_tail(js, "v1")).seq
     with pytest.raises(errors.Conflict):
         await e2.client.claim("v1", a.version, 0)  # not assigned to e2
     with pytest.raises(errors.Conflict):
@@ -97,7 +97,7 @@ async def test_verbs_refuse_bad_requests_and_append_nothing(fence, nc):
     with pytest.raises(errors.Conflict):  # a checkpoint from a server that does not hold the claim
         await bus.request(nc, "sf.fence.checkpoint", CheckpointRequest(
             session_id="v1", server_id="e1", version=a.version, ref="r", cursor=0), SessionMeta)
-    assert (await log.read_tail(js, "v1")).seq == before
+    assert (await session_log.read_tail(js, "v1")).seq == before
     lease = await e1.client.claim("v1", a.version, 0)
     with pytest.raises(errors.Conflict):
         await e1.client.claim("v1", a.version, 0)  # duplicate claim

@@ -14,9 +14,10 @@ import time
 import torch
 
 from libs.motion import manifest
+from libs.motion.receiver import DataPlane
 from libs.motion.sender import chunk_grid, send_chunks
 from libs.motion.slot import ShadowSlot
-from libs.motion.tcp import DataPlane, TcpChannel
+from libs.motion.tcp import TcpChannel
 
 LEAF_MIB, LEAVES, CHUNK = 2, 12, 1 << 20
 

@@ -10,15 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.errors import IntegrityError
-from libs.motion import transport
+from libs.motion import checked_copy
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(min_value=1, max_value=3 * transport._PIECE_BYTES + 17), st.integers(0, 2**32 - 1))
+@given(st.integers(min_value=1, max_value=3 * checked_copy._PIECE_BYTES + 17), st.integers(0, 2**32 - 1))
 def test_piecewise_crcs_cover_every_byte(nbytes, seed):
     src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
     dst = torch.empty_like(src)
-    src_crc, staged_crc = transport.copy_checked(dst, src)
+    src_crc, staged_crc = checked_copy.copy_checked(dst, src)
     assert torch.equal(dst, src)
     assert src_crc == staged_crc == crc32c.crc32c(src.numpy())
 
@@ -41,17 +41,17 @@ def test_a_staged_chunk_that_differs_from_the_senders_crc_is_refused_and_not_rec
     slot = _Slot(src.numel())
     wrong = crc32c.crc32c(src.numpy()) ^ 1
     with pytest.raises(IntegrityError):
-        transport.copy_and_check(slot, 0, 0, src, wrong)
+        checked_copy.copy_and_check(slot, 0, 0, src, wrong)
     assert slot.recorded == {}
-    assert transport.copy_and_check(slot, 0, 0, src) == crc32c.crc32c(src.numpy())
+    assert checked_copy.copy_and_check(slot, 0, 0, src) == crc32c.crc32c(src.numpy())
     assert slot.recorded == {0: crc32c.crc32c(src.numpy())}
 
 
 def test_a_source_that_changes_while_it_is_copied_is_refused(monkeypatch):
-    src = torch.randint(0, 256, (3 * transport._PIECE_BYTES,), dtype=torch.uint8,
+    src = torch.randint(0, 256, (3 * checked_copy._PIECE_BYTES,), dtype=torch.uint8,
                         generator=torch.Generator().manual_seed(5))
     slot = _Slot(src.numel())
-    real, calls = transport.crc.crc, []
+    real, calls = checked_copy.crc.crc, []
 
     def crc_then_write(buf, value=0):  # a writer touches the piece just checksummed, before it is copied
         out = real(buf, value)
@@ -60,7 +60,7 @@ def test_a_source_that_changes_while_it_is_copied_is_refused(monkeypatch):
         calls.append(1)
         return out
 
-    monkeypatch.setattr(transport.crc, "crc", crc_then_write)
+    monkeypatch.setattr(checked_copy.crc, "crc", crc_then_write)
     with pytest.raises(IntegrityError):
-        transport.copy_and_check(slot, 0, 0, src)
+        checked_copy.copy_and_check(slot, 0, 0, src)
     assert slot.recorded == {}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from libs import bus, names
 from libs.errors import BadRequest, Conflict, IntegrityError, NotFound
-from libs.motion import crc, transport
+from libs.motion import crc, inprocess, manifest
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.motion import (
     AdmitMove,
@@ -65,7 +66,7 @@ async def test_stop_and_copy_installs_the_exact_bytes(nc, pair, path, codec, pla
     a.add("s", make_tree(11), b"desc")
     want = tree_bytes(a.trees["s"])
     if path == "tcp":
-        transport.local_receivers.pop(eb.data_addr)
+        inprocess.local_receivers.pop(eb.data_addr)
     m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
     v = await admit(nc, m, "m1")
     assert v.admissible and len(v.token) == 32
@@ -81,7 +82,7 @@ async def test_stop_and_copy_installs_the_exact_bytes(nc, pair, path, codec, pla
 async def test_precopy_converges_while_the_session_keeps_generating(nc, pair):
     a, b, _, eb = pair
     a.add("s", make_tree(12, leaf_bytes=256 << 10))
-    transport.local_receivers.pop(eb.data_addr)
+    inprocess.local_receivers.pop(eb.data_addr)
     stop = asyncio.Event()
     runner = asyncio.create_task(a.run("s", stop, block_s=0.01))
     m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
@@ -152,7 +153,7 @@ async def test_a_staged_byte_flipped_after_verify_is_caught_by_commit(nc, pair, 
     a.add("s", make_tree(17))
     want = tree_bytes(a.trees["s"])
     if path == "tcp":
-        transport.local_receivers.pop(eb.data_addr)
+        inprocess.local_receivers.pop(eb.data_addr)
     m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s", fingerprint=False), Manifest)
     v = await admit(nc, m, "m6")
     r = await migrate(nc, v, "m6")
@@ -166,6 +167,31 @@ async def test_a_staged_byte_flipped_after_verify_is_caught_by_commit(nc, pair, 
     await bus.request(nc, verb("b", "rollback"), slot, SlotDone)
     await bus.request(nc, verb("a", "rollback"), SlotRequest(session_id="s", move_id="m6"), SlotDone)
     assert tree_bytes(a.trees["s"]) == want  # the source stayed authoritative
+
+
+@pytest.mark.parametrize("path", ["tcp", "inprocess"])
+async def test_verify_refuses_a_staged_copy_whose_crcs_disagree_with_the_manifest(nc, pair, path):
+    a, b, _, eb = pair
+    a.add("s", make_tree(18))
+    if path == "tcp":
+        inprocess.local_receivers.pop(eb.data_addr)
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
+    v = await admit(nc, m, "m7")
+    r = await migrate(nc, v, "m7")
+    # A manifest that is consistent in itself but names another CRC for one leaf than was staged.
+    leaves = list(r.manifest.leaves)
+    leaves[1] = msgspec.structs.replace(leaves[1], crc32c=leaves[1].crc32c ^ 1)
+    other = msgspec.structs.replace(r.manifest, leaves=leaves, fingerprint=manifest.whole_fingerprint(
+        r.manifest.topology, r.manifest.control, [x.crc32c for x in leaves]))
+    manifest.check_consistent(other)
+    said = await bus.request(nc, verb("b", "verify"), SlotRequest(session_id="s", move_id="m7", manifest=other),
+                             Verified)
+    assert not said.ok and "differ from the manifest" in said.reason
+    # The slot is dropped: not even the true manifest can commit it now.
+    with pytest.raises(Conflict):
+        await bus.request(nc, verb("b", "commit"), SlotRequest(session_id="s", move_id="m7", manifest=r.manifest),
+                          SlotDone)
+    assert b.installs == 0 and "s" not in b.trees
 
 
 async def test_inadmissible_move_arms_nothing(nc, pair):

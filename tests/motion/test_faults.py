@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from libs.motion.faults import KINDS, run_campaign
+from bench.mover_faults import CODECS, DEVICES, KINDS, run_campaign
 
 
 async def test_a_thousand_faults_fail_closed():
@@ -20,3 +20,10 @@ async def test_a_thousand_faults_fail_closed():
     for kind in ("wrong_token", "reused_token"):  # the receiver hangs up; the sender may see only the reset
         assert "token" in c.reasons[kind] or "connection" in c.reasons[kind]
     assert "differ from the manifest" in c.reasons["manifest_mismatch"]
+    # A damaged chunk is refused on every receive path: straight into a host slot (uncompressed),
+    # decoded on a worker (zstd with byte planes, lz4), staged through host into a device slot.
+    for codec in CODECS:
+        for device in DEVICES:
+            assert all(c.by_route[f"{kind}/{codec}/{device}"] >= 10 for kind in KINDS)
+            assert "CRC" in c.reasons[f"flip_payload/{codec}/{device}"]
+            assert "header" in c.reasons[f"flip_header/{codec}/{device}"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from libs import bus
-from libs.motion import mooncake, transport
+from libs.motion import inprocess, mooncake
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.motion import Manifest, RegisterState
 from tests.motion.dicthost import DictHost, make_tree, tree_bytes
@@ -24,7 +24,7 @@ async def test_mooncake_moves_bytes_we_still_verify(nc):
     await ea.start()
     await eb.start()
     try:
-        transport.local_receivers.pop(eb.data_addr)
+        inprocess.local_receivers.pop(eb.data_addr)
         a.add("s", make_tree(21, leaf_bytes=128 << 10))
         want = tree_bytes(a.trees["s"])
         m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)

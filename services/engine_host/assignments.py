@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -28,11 +29,11 @@ from libs.contracts import Contract
 from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetError
 from libs.fence.client import EngineClient, Lease
 from libs.schemas.common import InputItem
-from libs.schemas.engine import OpenSession
+from libs.schemas.engine import CheckpointRef, OpenSession, SessionInfo
 from libs.schemas.fence import AssignNotice, SessionMeta
-from services.engine_host.runtime import EngineRuntime
+from libs.tasks import report_death
 
-log = structlog.get_logger("statefleet.engine_host.ownership")
+log = structlog.get_logger("statefleet.engine_host.assignments")
 
 BUSY_BACKOFF_S = 0.005
 REPORT_EVERY_S = 0.5
@@ -41,19 +42,40 @@ REPORT_EVERY_S = 0.5
 def open_spec(meta: SessionMeta) -> OpenSession:
     """The engine session a registered session starts as, from its contract."""
     contract = msgspec.msgpack.decode(meta.contract, type=Contract)
-    period_ms = contract.period_ms or 0.0
-    if period_ms == 0.0 and contract.session_class in ("C2a", "C2b") and contract.deadline_ms:
-        period_ms = contract.deadline_ms / contract.blocks_per_window
     return OpenSession(session_id=meta.session_id, backend=meta.backend, seed=meta.seed, prompt=meta.prompt,
                        quality_floor=contract.quality_floor, session_class=contract.session_class,
-                       period_ms=period_ms, determinism=contract.determinism)
+                       period_ms=contract.release_period_ms, determinism=contract.determinism)
 
 
-class Ownership:
-    def __init__(self, client: EngineClient, runtime: EngineRuntime, *, checkpoint_every_s: float,
+class FencedHost(Protocol):
+    """What taking fenced sessions needs of the host's runtime (`runtime.EngineRuntime`)."""
+
+    def holds(self, sid: str) -> bool: ...
+
+    def moved_in(self) -> set[str]: ...
+
+    def info(self, sid: str) -> SessionInfo: ...
+
+    async def open(self, spec: OpenSession) -> SessionInfo: ...
+
+    async def restore(self, sid: str, key: str) -> SessionInfo: ...
+
+    async def apply_input(self, item: InputItem) -> int: ...
+
+    async def checkpoint(self, sid: str, *, delete_previous: bool = True) -> CheckpointRef: ...
+
+    async def delete_checkpoint(self, key: str) -> None: ...
+
+    async def close(self, sid: str, *, drain: bool = True) -> SessionInfo: ...
+
+
+class Assignments:
+    """Serves every session fence assigns to this host, one task per assignment (see the module doc)."""
+
+    def __init__(self, client: EngineClient, host: FencedHost, *, checkpoint_every_s: float,
                  orphan_grace_s: float) -> None:
         self.client = client
-        self.runtime = runtime
+        self.host = host
         self.checkpoint_every_s = checkpoint_every_s
         self.orphan_grace_s = orphan_grace_s
         self.serving: dict[str, asyncio.Task] = {}
@@ -72,7 +94,7 @@ class Ownership:
                 # A newer assignment to us supersedes the older lease; its task ends by revocation.
                 await asyncio.wait({previous}, timeout=5.0)
             task = asyncio.create_task(self._serve(notice), name=f"serve:{notice.session_id}")
-            task.add_done_callback(_log_crash)
+            task.add_done_callback(report_death("serve_task_failed", log))
             self.serving[notice.session_id] = task
 
     async def stop(self) -> None:
@@ -95,7 +117,7 @@ class Ownership:
             return
         checkpoints = asyncio.create_task(self._checkpoint_loop(lease, meta.checkpoint_ref))
         try:
-            await self._apply(lease)
+            await self.apply_releases(lease)
         except StatefleetError as e:
             # The session failed here (a backend error closes it) or its input broke order: take no
             # more input under this lease; fence re-releases from the claim cursor to whoever is next.
@@ -109,20 +131,21 @@ class Ownership:
     async def _install(self, meta: SessionMeta) -> int:
         """Make the session live here; return the input cursor its state reflects."""
         sid = meta.session_id
-        if sid in self.runtime.sessions:
-            return self.runtime.info(sid).input_cursor  # installed by a move (pending items travel along)
+        if self.host.holds(sid):
+            return self.host.info(sid).input_cursor  # installed by a move (pending items travel along)
         if meta.checkpoint_ref:
             try:
-                info = await self.runtime.restore(sid, meta.checkpoint_ref)
+                info = await self.host.restore(sid, meta.checkpoint_ref)
                 log.info("restored", session_id=sid, key=meta.checkpoint_ref, cursor=info.input_cursor)
                 return info.input_cursor
             except (NotFound, IntegrityError) as e:
                 # Deterministic backends replay to the same state: seed + every item from the start.
                 log.warning("checkpoint_unusable", session_id=sid, key=meta.checkpoint_ref, code=e.code)
-        info = await self.runtime.open(open_spec(meta))
+        info = await self.host.open(open_spec(meta))
         return info.input_cursor
 
-    async def _apply(self, lease: Lease) -> None:
+    async def apply_releases(self, lease: Lease) -> None:
+        """Apply the lease's released items in order until it is revoked, reporting progress to fence."""
         last_report = 0.0
         async for item in lease:
             if not await self._accept(item):
@@ -137,7 +160,7 @@ class Ownership:
         """Hand one released item to the runtime, waiting while its input queue is full."""
         while True:
             try:
-                await self.runtime.apply_input(item)
+                await self.host.apply_input(item)
                 return True
             except Busy:
                 await asyncio.sleep(BUSY_BACKOFF_S)
@@ -151,7 +174,7 @@ class Ownership:
             meta = await self.client.meta(sid)
         except StatefleetError:
             meta = None
-        if sid not in self.runtime.sessions:
+        if not self.host.holds(sid):
             return  # dropped by a committed move already
         if meta is not None and meta.closed:
             await self._close(sid, drain=True)
@@ -159,7 +182,7 @@ class Ownership:
         # Assigned elsewhere: a mover drops our copy once its move commits. A failover
         # (we were presumed dead) moves nothing, so the copy goes after a grace.
         await asyncio.sleep(self.orphan_grace_s)
-        if sid in self.runtime.sessions and self.client.lease(sid) is None:
+        if self.host.holds(sid) and self.client.lease(sid) is None:
             await self._close(sid, drain=False)
 
     async def _sweep_orphans(self) -> None:
@@ -168,8 +191,8 @@ class Ownership:
         seen: set[str] = set()
         while True:
             await asyncio.sleep(self.orphan_grace_s)
-            orphans = {sid for sid, s in self.runtime.sessions.items()
-                       if s.origin == "moved" and sid not in self.serving and self.client.lease(sid) is None}
+            orphans = {sid for sid in self.host.moved_in()
+                       if sid not in self.serving and self.client.lease(sid) is None}
             for sid in orphans & seen:
                 log.warning("orphan_closed", session_id=sid)
                 await self._close(sid, drain=False)
@@ -177,7 +200,7 @@ class Ownership:
 
     async def _close(self, sid: str, *, drain: bool) -> None:
         with contextlib.suppress(NotFound):
-            await self.runtime.close(sid, drain=drain)
+            await self.host.close(sid, drain=drain)
             log.info("session_closed", session_id=sid, drain=drain)
 
     async def _checkpoint_loop(self, lease: Lease, recorded: str | None) -> None:
@@ -191,7 +214,7 @@ class Ownership:
             try:
                 if recorded is None:
                     recorded = (await self.client.meta(sid)).checkpoint_ref
-                ref = await self.runtime.checkpoint(sid, delete_previous=False)
+                ref = await self.host.checkpoint(sid, delete_previous=False)
                 await self.client.checkpoint(sid, lease.owner.version, ref.key, ref.consumed_seq)
             except StatefleetError as e:  # the next round tries again; the recorded checkpoint still stands
                 log.warning("checkpoint_failed", session_id=sid, code=e.code, detail=e.detail)
@@ -199,11 +222,7 @@ class Ownership:
                 continue
             # Only once fence points at the new checkpoint may the one it pointed at go.
             previous, recorded = recorded, ref.key
-            if previous and previous != ref.key and self.runtime.checkpoints is not None:
+            if previous and previous != ref.key:
                 with contextlib.suppress(StatefleetError):
-                    await self.runtime.checkpoints.delete(previous)
+                    await self.host.delete_checkpoint(previous)
 
-
-def _log_crash(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("serve_task_failed", task=task.get_name(), error=repr(task.exception()))

@@ -1,10 +1,11 @@
 """The per-session ownership log on JetStream: read the tail, append with compare-and-set.
 
-One stream (`SF_SESSION`) holds one subject per session (`sf.session.<sid>`). An
-append carries `Nats-Expected-Last-Subject-Sequence` = the log position the caller
-decided on; the server refuses it (JetStream error 10071) if anything landed
-since. That refusal is the only thing that decides a race, and `append` turns it
-into `Conflict`. Reads are hints: a stale read just loses its append.
+One stream (`names.SESSION_STREAM`) holds one subject per session
+(`names.session_log_subject`). An append carries `Nats-Expected-Last-Subject-Sequence`
+= the log position the caller decided on; the server refuses it (JetStream error
+10071) if anything landed since. That refusal is the only thing that decides a
+race, and `append` turns it into `Conflict`. Reads are hints: a stale read just
+loses its append.
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ from libs.fence import core
 from libs.schemas.base import decode, encode
 from libs.schemas.fence import Event, LogRecord, SessionView
 
-SESSION_STREAM = "SF_SESSION"
-INPUT_STREAM = "SF_INPUT"
-META_BUCKET = "sf_fence_meta"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 _SID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
@@ -36,23 +34,12 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
-def log_subject(session_id: str) -> str:
-    return f"sf.session.{session_id}"
-
-
-def input_subject(session_id: str) -> str:
-    return f"sf.input.{session_id}"
-
-
-def assigned_subject(server_id: str) -> str:
-    return f"sf.fence.assigned.{server_id}"
-
-
 async def provision(js: JetStreamContext, replicas: int = 1) -> None:
     """Create the fence's streams and buckets (idempotent)."""
-    await bus.ensure_stream(js, bus.StreamSpec(SESSION_STREAM, ["sf.session.>"], replicas=replicas))
-    await bus.ensure_stream(js, bus.StreamSpec(INPUT_STREAM, ["sf.input.>"], replicas=replicas))
-    await bus.ensure_kv(js, META_BUCKET, replicas=replicas)
+    await bus.ensure_stream(js, bus.StreamSpec(names.SESSION_STREAM, [names.SESSION_LOG_SUBJECTS],
+                                               replicas=replicas))
+    await bus.ensure_stream(js, bus.StreamSpec(names.INPUT_STREAM, [names.INPUT_SUBJECTS], replicas=replicas))
+    await bus.ensure_kv(js, names.FENCE_META_BUCKET, replicas=replicas)
     await bus.ensure_kv(js, names.SESSIONS_BUCKET, replicas=replicas)
 
 
@@ -66,7 +53,7 @@ class Tail:
 
 async def read_tail(js: JetStreamContext, session_id: str) -> Tail:
     try:
-        raw = await js.get_last_msg(SESSION_STREAM, log_subject(session_id), direct=True)
+        raw = await js.get_last_msg(names.SESSION_STREAM, names.session_log_subject(session_id), direct=True)
     except nats.js.errors.NotFoundError:
         return Tail(core.EMPTY, 0)
     except nats.errors.TimeoutError:
@@ -79,7 +66,7 @@ async def append(js: JetStreamContext, session_id: str, tail: Tail, event: Event
     view = core.apply(tail.view, event)
     record = LogRecord(event=event, view=view, at=time.time())
     try:
-        ack = await js.publish(log_subject(session_id), encode(record),
+        ack = await js.publish(names.session_log_subject(session_id), encode(record),
                                headers={EXPECTED_LAST_SUBJECT_SEQ: str(tail.seq)})
     except nats.js.errors.APIError as e:
         if e.err_code == bus.JS_WRONG_LAST_SEQUENCE:

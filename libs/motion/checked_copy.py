@@ -1,0 +1,66 @@
+"""Staging a chunk and checking it: the bytes in the slot must match the CRC the sender gave.
+
+Every receive path ends here, whatever carried the bytes: a chunk counts as
+staged only once a CRC taken over the slot's own memory equals the chunk's
+CRC, and only then is that CRC recorded for the slot's digest and `verify`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from libs.errors import IntegrityError
+from libs.motion import crc
+
+_PIECE_BYTES = 256 << 10  # copy and checksum host chunks in pieces that stay in the core's L2 cache
+
+
+class Staging(Protocol):
+    """The two slot methods a checked copy needs (`ShadowSlot` has them)."""
+
+    def region(self, leaf: int, offset: int, length: int) -> torch.Tensor: ...
+
+    def record(self, leaf: int, offset: int, staged_crc: int) -> None: ...
+
+
+def copy_checked(dst: torch.Tensor, src: torch.Tensor, src_crc: int | None = None) -> tuple[int, int]:
+    """Copy flat uint8 `src` into `dst`; returns (CRC of the source bytes, CRC of the staged bytes).
+
+    On host memory the copy runs in L2-sized pieces: CRC the source piece (`src_crc=None`), copy it,
+    CRC the staged piece, each running CRC carried on through the next piece. The copy and the staged
+    CRC then read from cache instead of memory, and both CRCs still cover every byte on each side."""
+    if src.device.type != "cpu" or dst.device.type != "cpu":
+        value = crc.crc_bytes(src) if src_crc is None else src_crc
+        dst.copy_(src)
+        return value, crc.crc_bytes(dst)
+    s, d = src.numpy(), dst.numpy()
+    sv, dv = 0, 0
+    for start in range(0, s.size, _PIECE_BYTES):
+        sp, dp = s[start:start + _PIECE_BYTES], d[start:start + _PIECE_BYTES]
+        if src_crc is None:
+            sv = crc.crc(sp, sv)
+        dp[:] = sp
+        dv = crc.crc(dp, dv)
+    return (sv if src_crc is None else src_crc), dv
+
+
+def copy_and_check(slot: Staging, leaf: int, offset: int, data: torch.Tensor, chunk_crc: int | None = None) -> int:
+    """Write a chunk into the slot (in a worker thread) and checksum the staged bytes while they are in
+    cache; they must match `chunk_crc` (given by the sender, or else taken from `data` piece by piece
+    as it is copied). Returns the source chunk's CRC."""
+    region = slot.region(leaf, offset, data.numel())
+    expected, staged = copy_checked(region, data, chunk_crc)
+    if staged != expected:
+        raise IntegrityError(f"chunk at leaf {leaf} offset {offset}: staged CRC {staged:#x} != {expected:#x}")
+    slot.record(leaf, offset, staged)
+    return expected
+
+
+def check_staged(slot: Staging, leaf: int, offset: int, region: torch.Tensor, chunk_crc: int) -> None:
+    """Bytes already written into `region` (by a socket read or a remote write) must match `chunk_crc`."""
+    staged = crc.crc_bytes(region)
+    if staged != chunk_crc:
+        raise IntegrityError(f"chunk at leaf {leaf} offset {offset}: CRC {staged:#x} != {chunk_crc:#x}")
+    slot.record(leaf, offset, staged)

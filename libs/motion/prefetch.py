@@ -1,0 +1,45 @@
+"""Bounded read-ahead on the worker pool: the one prefetch loop both senders share.
+
+`Prefetch` submits `fn(item)` for up to `depth` items ahead and hands out the
+futures in item order. It never waits itself, so a thread takes each result
+with `.result()` and a coroutine with `await asyncio.wrap_future(...)`; either
+way at most `depth` jobs (and their buffers) exist at once, and leaving the
+`with` block cancels whatever was not taken.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future
+from typing import Generic, TypeVar
+
+from libs.motion import crc
+
+PREFETCH = 4  # chunks read, checksummed (and encoded) ahead of the one being sent
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+class Prefetch(Generic[In, Out]):
+    def __init__(self, fn: Callable[[In], Out], items: Sequence[In], depth: int = PREFETCH,
+                 pool: Executor = crc.pool) -> None:
+        self.fn, self.items, self.depth, self.pool = fn, items, depth, pool
+        self.pending: deque[Future[Out]] = deque()
+
+    def __iter__(self) -> Iterator[Future[Out]]:
+        nxt = 0
+        for _ in range(len(self.items)):
+            while nxt < len(self.items) and len(self.pending) < self.depth:
+                self.pending.append(self.pool.submit(self.fn, self.items[nxt]))
+                nxt += 1
+            yield self.pending.popleft()
+
+    def __enter__(self) -> Prefetch[In, Out]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in self.pending:
+            f.cancel()
+        self.pending.clear()
