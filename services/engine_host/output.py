@@ -1,8 +1,7 @@
 """A block's output as `OutputChunk` messages, each under the NATS payload limit.
 
-`encode` is the heavy half (PNG per frame) and runs in the decode stage's thread;
-`chunks` only wraps its bytes, so the sink that publishes never compresses on the
-event loop.
+`encode` is the heavy half (PNG per frame) and runs in a worker thread of the sink;
+`chunks` only wraps its bytes, so nothing compresses on the event loop.
 """
 
 from __future__ import annotations

@@ -76,8 +76,7 @@ class EngineRuntime:
         self.costs = CostModel()
         self.sched = EdfScheduler(cost=self.costs.estimate, guard_s=guard_s, max_batch=max_batch)
         self.pipeline: StagePipeline[BlockJob, Dispatch] = StagePipeline(
-            block_stages(published=publish is not None), self._sink, edge_capacity=edge_capacity,
-            max_sessions=max_sessions)
+            block_stages(), self._sink, edge_capacity=edge_capacity, max_sessions=max_sessions)
         self.dispatcher = Dispatcher(self.sched, self.sessions, self.pipeline, max_in_flight=max_in_flight,
                                      clock=clock)
         wake = self.dispatcher.wake

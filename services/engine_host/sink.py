@@ -4,6 +4,7 @@ a block that raised fails its session instead."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import nats.errors
@@ -12,8 +13,8 @@ import structlog
 from libs import names
 from libs.schemas.base import encode
 from libs.telemetry import counter
+from services.engine_host import output as wire
 from services.engine_host.costs import CostModel
-from services.engine_host.output import chunks
 from services.engine_host.session import Session
 from services.engine_host.stages import BlockJob, BlockWork
 
@@ -50,7 +51,7 @@ class OutputSink:
         s.blocks_done += 1
         s.consumed_seq = job.last_seq
         s.stats.output(now, job.accepted_at, stage_ms)
-        if self.publish is not None and job.encoded is not None:
+        if self.publish is not None and job.output is not None:
             await self._publish_output(s, job)
         s.block_finished(now)
 
@@ -58,9 +59,12 @@ class OutputSink:
         """Output is a stream for a live viewer: a chunk the bus cannot take is dropped and counted,
         never allowed to stop the session (its state already advanced) or the sink."""
         assert self.publish is not None
+        # PNG encoding is host-side work, not the device's: it runs in a thread here, after the block's
+        # stages, so it neither holds the event loop nor counts in the quantum cost the scheduler learns.
+        encoded = await asyncio.to_thread(wire.encode, job.output)
         try:
-            for chunk in chunks(s.sid, s.blocks_done, job.encoded, media_s=s.backend.media_s_per_block,
-                                input_seq=job.last_seq):
+            for chunk in wire.chunks(s.sid, s.blocks_done, encoded, media_s=s.backend.media_s_per_block,
+                                     input_seq=job.last_seq):
                 await self.publish(names.output_subject(s.sid), encode(chunk))
         except nats.errors.Error as e:
             _output_dropped.add(1, {"reason": type(e).__name__})

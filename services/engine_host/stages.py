@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from services.engine_host import output as wire
 from services.engine_host.backends import Output
 from services.engine_host.scheduler import Dispatch
 from services.engine_host.session import Session
@@ -26,7 +25,6 @@ class BlockJob:
     accepted_at: list[float]
     carry: Any = None  # what one stage hands the next (the backend's own type)
     output: Output | None = None
-    encoded: list[wire.Encoded] | None = None  # the output as chunk payloads (PNG frames), when published
 
 
 BlockWork = Work[BlockJob, Dispatch]
@@ -55,14 +53,5 @@ def decode(work: BlockWork) -> None:
         job.output = out
 
 
-def decode_for_the_wire(work: BlockWork) -> None:
-    """Decode, then encode the output for the bus (PNG frames) here on the stage's thread, so the sink
-    on the event loop only wraps bytes."""
-    decode(work)
-    for it in work.items:
-        it.data.encoded = wire.encode(it.data.output)
-
-
-def block_stages(published: bool = True) -> list[Stage[BlockJob, Dispatch]]:
-    return [Stage("encode", encode), Stage("denoise", denoise),
-            Stage("decode", decode_for_the_wire if published else decode)]
+def block_stages() -> list[Stage[BlockJob, Dispatch]]:
+    return [Stage("encode", encode), Stage("denoise", denoise), Stage("decode", decode)]

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from libs.natsd import NatsServer, free_port
+from libs.natsd import NatsServer
 from services.admission.service import AdmissionConfig, AdmissionService
 from services.engine_host.service import EngineHostConfig, EngineHostService
 from services.fence.service import FenceConfig, FenceService
@@ -24,6 +26,21 @@ from services.placement.service import PlacementConfig, PlacementService
 
 ADMIN_TOKEN = "test-admin-token-7f3c"  # a fixture's own token; `statefleet up` generates a real one
 ARTIFACTS = Path(os.environ.get("SF_TEST_ARTIFACTS", "var/test-artifacts"))
+
+
+def unclaimable_port() -> int:
+    """A free port below Linux's ephemeral range (32768+), so no socket the stack opens on port 0 can
+    take it between choosing it here and the service binding it (the two HTTP ports must be known to
+    each other before either service starts: fence allows admission's origin, admission names fence)."""
+    for _ in range(100):
+        port = random.randint(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def chromium_path() -> str:
@@ -37,7 +54,7 @@ def chromium_path() -> str:
 class Stack:
     def __init__(self, nats_url: str, tmp: Path) -> None:
         self.nats_url, self.tmp = nats_url, tmp
-        self.admission_port, self.fence_port = free_port(), free_port()
+        self.admission_port, self.fence_port = unclaimable_port(), unclaimable_port()
         self.origin = f"http://127.0.0.1:{self.admission_port}"
         self.quiet = dict(nats_url=nats_url, log_json=False, heartbeat_s=0.5, metrics_port=0)
         self.services: list = []

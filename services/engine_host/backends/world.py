@@ -36,7 +36,7 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True):
     grid_h: int = 6  # tokens per block T = grid_h * grid_w (must be divisible by 3)
     grid_w: int = 8
     patch: int = 4  # each token decodes to a patch×patch RGB patch
-    upscale: int = 8  # frames are shown `upscale` times larger (bilinear): 6·4·8 × 8·4·8 = 192×256 by default
+    upscale: int = 8  # frames are shown `upscale` times larger (each pixel a block): 192×256 by default
     tiers: tuple[int, ...] = (1, 2, 4)
     fps: float = 15.0  # one frame per block
 
@@ -212,5 +212,5 @@ class WorldBackend:
         img = px.reshape(c.grid_h, c.grid_w, 3, c.patch, c.patch).permute(2, 0, 3, 1, 4)
         img = img.reshape(1, 3, c.grid_h * c.patch, c.grid_w * c.patch)
         if c.upscale > 1:
-            img = F.interpolate(img, scale_factor=c.upscale, mode="bilinear", align_corners=False)
+            img = F.interpolate(img, scale_factor=c.upscale, mode="nearest")
         return Output(frames=(img * 255).round().clamp(0, 255).to(torch.uint8).cpu())
