@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,10 @@ KEPT_EVENTS = 60
 KEPT_RECEIPTS = 20
 DEAD_KEPT_S = 120.0  # a host whose heartbeat stopped is shown as dead this long, then dropped
 _BULKY = ("profile",)  # per-host fields too big and too internal for the page
+# The feeds of this process's running admission instances: the gauges (registered once per process,
+# as instruments are) read from these, so a stopped instance's view is never reported.
+_live: weakref.WeakSet[FleetFeed] = weakref.WeakSet()
+_gauges_registered = False
 
 
 class FleetFeed:
@@ -44,7 +49,8 @@ class FleetFeed:
         self.version = 0
 
     async def start(self, spawn: Callable) -> None:
-        self._gauges()
+        _register_gauges()
+        _live.add(self)
         for bucket, apply in ((names.ENGINES_BUCKET, self._host), (names.SESSIONS_BUCKET, self._session),
                               (names.ADMISSION_BUCKET, self._record), (names.MOVES_INFLIGHT_BUCKET, self._move)):
             spawn(self._follow(bucket, apply), f"feed:{bucket}")
@@ -72,26 +78,8 @@ class FleetFeed:
                 "moves_in_flight": list(self.inflight.values()), "receipts": list(self.receipts),
                 "events": list(self.events), "queue": msgspec.to_builtins(self.queue())}
 
-    def _gauges(self) -> None:
-        """The fleet as Prometheus gauges (read when scraped), for the Grafana dashboard in compose/."""
-        m = meter()
-
-        def per_host(field: str):
-            def observe(_: CallbackOptions):
-                return [Observation(float(h.get(field) or 0.0), {"host_id": h["host_id"], "state": h["state"]})
-                        for h in self.snapshot()["hosts"]]
-            return observe
-
-        for name, field, what in (("sf_fleet_host_sessions", "sessions", "Sessions on an engine host"),
-                                  ("sf_fleet_host_busy_fraction", "busy_fraction",
-                                   "Share of an engine host's device time its sessions take"),
-                                  ("sf_fleet_host_memory_used_fraction", "memory_used_fraction",
-                                   "Share of an engine host's device memory in use")):
-            m.create_observable_gauge(name, callbacks=[per_host(field)], description=what)
-        m.create_observable_gauge("sf_fleet_moves_in_flight", description="Moves journalled and not yet over",
-                                  callbacks=[lambda _: [Observation(len(self.inflight))]])
-        m.create_observable_gauge("sf_admission_queue_length", description="Sessions waiting in admission's queue",
-                                  callbacks=[lambda _: [Observation(len(self.queue().entries))]])
+    def stop(self) -> None:
+        _live.discard(self)
 
     def _changed(self) -> None:
         self.version += 1
@@ -176,3 +164,29 @@ class FleetFeed:
         self._event("receipt", f"{receipt.get('session_id', '?')[:8]} {receipt.get('source')} → "
                                f"{receipt.get('dest')}: {outcome} ({verdict})", move_id=receipt.get("move_id"))
         self._changed()
+
+
+def _register_gauges() -> None:
+    """The fleet as Prometheus gauges (read when scraped), for the Grafana dashboard in compose/."""
+    global _gauges_registered
+    if _gauges_registered:
+        return
+    _gauges_registered = True
+    m = meter()
+
+    def per_host(field: str):
+        def observe(_: CallbackOptions):
+            return [Observation(float(h.get(field) or 0.0), {"host_id": h["host_id"], "state": h["state"]})
+                    for feed in list(_live) for h in feed.snapshot()["hosts"]]
+        return observe
+
+    for name, field, what in (("sf_fleet_host_sessions", "sessions", "Sessions on an engine host"),
+                              ("sf_fleet_host_busy_fraction", "busy_fraction",
+                               "Share of an engine host's device time its sessions take"),
+                              ("sf_fleet_host_memory_used_fraction", "memory_used_fraction",
+                               "Share of an engine host's device memory in use")):
+        m.create_observable_gauge(name, callbacks=[per_host(field)], description=what)
+    m.create_observable_gauge("sf_fleet_moves_in_flight", description="Moves journalled and not yet over",
+                              callbacks=[lambda _: [Observation(sum(len(f.inflight) for f in list(_live)))]])
+    m.create_observable_gauge("sf_admission_queue_length", description="Sessions waiting in admission's queue",
+                              callbacks=[lambda _: [Observation(sum(len(f.queue().entries) for f in list(_live)))]])

@@ -116,6 +116,7 @@ class AdmissionService(Service):
         self.log.info("http_listening", host=cfg.http_host, port=self.http_port)
 
     async def teardown(self) -> None:
+        self.feed.stop()
         await self._runner.cleanup()
 
     # ------------------------------------------------------------ the session API (called by http)
