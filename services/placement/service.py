@@ -25,7 +25,6 @@ from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
 from libs.contracts import Contract, Guard
 from libs.errors import Conflict, NotFound, Rejected, StatefleetError
-from libs.fence import session_log
 from libs.fence.ownership import assign, read_owner, update_summary
 from libs.schemas.common import EngineEntry, SessionSummary
 from libs.schemas.fence import MetaRequest, Owner, SessionMeta, SessionView
@@ -88,11 +87,10 @@ class PlacementService(Service):
         self._placed: dict[str, Placement] = {}
         self._specs: dict[str, tuple[Contract, str]] = {}  # session → (contract, backend): never changes
         self._orphans: set[str] = set()
-        await session_log.provision(self.js, cfg.nats_replicas)  # the log and sf_sessions we read
         engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, replicas=cfg.nats_replicas,
                                          ttl_s=names.ENGINES_TTL_S)
         capacity_kv = await bus.ensure_kv(self.js, names.CAPACITY_BUCKET, replicas=cfg.nats_replicas)
-        sessions_kv = await self.js.key_value(names.SESSIONS_BUCKET)
+        sessions_kv = await bus.ensure_kv(self.js, names.SESSIONS_BUCKET, replicas=cfg.nats_replicas)
         self.records = Records(capacity_kv)
         self.engines = KvMirror(self.nc, engines_kv, EngineEntry, silence_s=cfg.engine_watch_silence_s,
                                 on_change=self._on_engine)
