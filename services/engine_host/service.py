@@ -64,7 +64,20 @@ def device_memory(device: torch.device) -> tuple[int, int]:
         free, total = torch.cuda.mem_get_info(device)
         return total, free
     page = os.sysconf("SC_PAGE_SIZE")
-    return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
+    return os.sysconf("SC_PHYS_PAGES") * page, _available_ram(page)
+
+
+def _available_ram(page: int) -> int:
+    """What the kernel can hand out without swapping (MemAvailable), not MemFree: a busy host's page
+    cache fills MemFree's gap and would otherwise read as a full machine."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * page
 
 
 class EngineHostService(Service):
