@@ -24,12 +24,15 @@ from libs.schemas.base import decode, encode
 from libs.schemas.fence import Event, LogRecord, SessionView
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
-_SID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_SID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 def check_session_id(session_id: str) -> str:
-    """Session ids become subject tokens and KV keys: letters, digits, `-` and `_` only."""
-    if not isinstance(session_id, str) or not _SID.match(session_id):
+    """Session ids become subject tokens and KV keys: letters, digits, `-` and `_` only.
+
+    A full match: `re.match` with `$` would accept a trailing newline, which in a subject
+    would end the NATS protocol line."""
+    if not isinstance(session_id, str) or not _SID.fullmatch(session_id):
         raise errors.BadRequest("session_id must be 1-128 of [A-Za-z0-9_-]", session_id=str(session_id)[:140])
     return session_id
 

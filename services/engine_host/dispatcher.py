@@ -74,7 +74,9 @@ class Dispatcher:
             s.idle.clear()
             s.pipe_seq += 1
             job = BlockJob(session=s, inputs=[p.parsed for p in taken],
-                           last_seq=taken[-1].item.seq if taken else s.consumed_seq,
+                           # every accepted item is in `taken` or was skipped (refused by the backend, no
+                           # effect on state), so the block's state reflects the whole input cursor
+                           last_seq=s.input_cursor,
                            accepted_at=[p.accepted_at for p in taken])
             items.append(Item(sid=sid, seq=s.pipe_seq, epoch=0, data=job))
         self.in_flight += 1
