@@ -34,7 +34,6 @@ from libs.fence import core, session_log
 from libs.fence.ownership import update_summary
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem
-from libs.telemetry import counter
 from libs.schemas.fence import (
     AppliedCursor,
     AssignNotice,
@@ -47,6 +46,7 @@ from libs.schemas.fence import (
     Release,
     SessionMeta,
 )
+from libs.telemetry import counter
 
 _log = structlog.get_logger("statefleet.fence.client")
 _notices_failed = counter("sf_engine_assignment_notices_failed_total",

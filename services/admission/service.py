@@ -153,8 +153,11 @@ class AdmissionService(Service):
 
     async def _register(self, session_id: str, req: CreateSession) -> str:
         """Register with fence (shared metadata for any server that will run it); returns the input token."""
+        rows = [r for h in self._live() for r in h.profile if r.backend == req.backend]
         reg = RegisterRequest(session_id=session_id, backend=req.backend, seed=req.seed, prompt=req.prompt,
-                              contract=encode(req.contract), tier=req.contract.quality_floor)
+                              contract=encode(req.contract), tier=req.contract.quality_floor,
+                              input_kinds=rows[0].input_kinds if rows else [],
+                              max_input_bytes=min(r.max_input_bytes for r in rows) if rows else 0)
         reply = await bus.request(self.nc, names.FENCE_REGISTER, reg, RegisterReply,
                                   timeout_s=self.config.fence_timeout_s)
         # what `statefleet status` shows about the session besides its owner (a hint)

@@ -28,6 +28,7 @@ from aiohttp import WSMsgType, web
 
 from libs import errors
 from libs.fence import session_log
+from libs.schemas.fence import SessionMeta
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.inputs import InputAppender, Stored
@@ -46,6 +47,7 @@ class Envelope(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _decoder = msgspec.json.Decoder(Envelope)
+_text = msgspec.json.Decoder(str)  # a text item's data: checked to be a JSON string by `_parse`
 # The first byte of the JSON value each kind must carry: text is a string, action/json an object.
 _EXPECTED_START = {"text": ord('"'), "action": ord("{"), "json": ord("{")}
 
@@ -73,8 +75,9 @@ class Ingress:
     async def submit(self, session_id: str, token: str | None, body: bytes) -> asyncio.Future[Stored]:
         """Authenticate, validate and bound one item, then queue it for storing (in call order)."""
         session_log.check_session_id(session_id)
-        await self.sessions.authenticate(session_id, token)
+        meta = await self.sessions.authenticate(session_id, token)
         kind, data, item_id = self._parse(body)
+        _check_backend_takes(meta, kind, data)
         await self._check_bound(session_id)
         return self.appender.submit(session_id, kind, data, time.time(), item_id)
 
@@ -181,6 +184,19 @@ class Ingress:
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True})
+
+
+def _check_backend_takes(meta: SessionMeta, kind: str, data: bytes) -> None:
+    """Refuse what the session's backend would refuse (the kinds and size it declared at registration),
+    so a client hears it now rather than finding the item skipped on the output stream."""
+    if meta.input_kinds and kind not in meta.input_kinds:
+        raise errors.UnsupportedInput(f"backend {meta.backend} takes {'/'.join(meta.input_kinds)} items, not {kind}",
+                                      session_id=meta.session_id, kind=kind, field="kind")
+    if meta.max_input_bytes:
+        size = len(_text.decode(data).encode()) if kind == "text" else len(data)
+        if size > meta.max_input_bytes:
+            raise errors.TooLarge(f"a {kind} item of {size} bytes is over backend {meta.backend}'s "
+                                  f"{meta.max_input_bytes}", size=size, max_input_bytes=meta.max_input_bytes)
 
 
 def _answer(stored: Stored) -> dict:
