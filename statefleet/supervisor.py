@@ -20,6 +20,7 @@ from pathlib import Path
 from libs import names
 from libs.natsd import NatsServer
 from libs.procs import die_with_parent
+from statefleet import admin_token
 
 # Fixed HTTP ports for the two HTTP front doors (override with SF_*_HTTP_PORT in the environment).
 HTTP_PORTS = {"admission": 8700, "fence": 8701}
@@ -62,6 +63,7 @@ class Supervisor:
         self.device = device
         self.nats: NatsServer | None = None
         self.children: list[Child] = []
+        self.admin_token = ""
         self._stop_requested = False
 
     def run(self) -> int:
@@ -70,6 +72,7 @@ class Supervisor:
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         try:
             self._start_nats()
+            self.admin_token = admin_token.ensure(self.data_dir)
             self._start_children()
             self._print_table()
             return self._watch()
@@ -95,6 +98,8 @@ class Supervisor:
                 env["SF_HTTP_PORT"] = self._http_port(name)
             if name == "admission":  # clients are told where fence's ingress is
                 env["SF_INGRESS_URL"] = f"http://127.0.0.1:{self._http_port('fence')}"
+                # the one admin credential; the CLI reads it from the same file (admin_token.py)
+                env[admin_token.ENV] = self.admin_token
             self.children.append(Child(name, env, self.data_dir / "logs" / f"{name}.log"))
         for i in range(self.engines):
             device = f"cuda:{i}" if self.device == "cuda" else self.device

@@ -37,13 +37,26 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
-async def provision(js: JetStreamContext, replicas: int = 1) -> None:
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How much the fence's streams and buckets may hold (-1: no limit; see docs/configuration.md).
+    Full, they refuse new writes; only the input stream also ages out (`input_max_age_s`)."""
+
+    log_max_bytes: int = -1
+    input_max_bytes: int = -1
+    input_max_age_s: float | None = None
+    meta_max_bytes: int = -1
+
+
+async def provision(js: JetStreamContext, replicas: int = 1, retention: Retention = Retention()) -> None:
     """Create the fence's streams and buckets (idempotent)."""
+    r = retention
     await bus.ensure_stream(js, bus.StreamSpec(names.SESSION_STREAM, [names.SESSION_LOG_SUBJECTS],
-                                               replicas=replicas))
-    await bus.ensure_stream(js, bus.StreamSpec(names.INPUT_STREAM, [names.INPUT_SUBJECTS], replicas=replicas))
-    await bus.ensure_kv(js, names.FENCE_META_BUCKET, replicas=replicas)
-    await bus.ensure_kv(js, names.SESSIONS_BUCKET, replicas=replicas)
+                                               replicas=replicas, max_bytes=r.log_max_bytes))
+    await bus.ensure_stream(js, bus.StreamSpec(names.INPUT_STREAM, [names.INPUT_SUBJECTS], replicas=replicas,
+                                               max_bytes=r.input_max_bytes, max_age_s=r.input_max_age_s))
+    await bus.ensure_kv(js, names.FENCE_META_BUCKET, replicas=replicas, max_bytes=r.meta_max_bytes)
+    await bus.ensure_kv(js, names.SESSIONS_BUCKET, replicas=replicas, max_bytes=r.meta_max_bytes)
 
 
 @dataclass(frozen=True, slots=True)

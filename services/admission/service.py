@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections import Counter
 import time
 import uuid
+from collections import Counter
 from typing import Annotated
 
 import msgspec

@@ -61,7 +61,7 @@ class Ingress:
 
     def app(self) -> web.Application:
         # Headroom over the item size for the envelope; the exact limit is checked per item.
-        app = web.Application(client_max_size=self.max_item_bytes + 1024)
+        app = web.Application(client_max_size=self.max_item_bytes + 1024, middlewares=[_problems])
         app.router.add_post("/v1/sessions/{session_id}/items", self._post)
         app.router.add_get("/v1/sessions/{session_id}/ws", self._ws)
         app.router.add_get("/v1/sessions/{session_id}/output", self._output)
@@ -197,6 +197,21 @@ def _check_backend_takes(meta: SessionMeta, kind: str, data: bytes) -> None:
         if size > meta.max_input_bytes:
             raise errors.TooLarge(f"a {kind} item of {size} bytes is over backend {meta.backend}'s "
                                   f"{meta.max_input_bytes}", size=size, max_input_bytes=meta.max_input_bytes)
+
+
+@web.middleware
+async def _problems(request: web.Request, handler) -> web.StreamResponse:
+    """What the router and body reader refuse (no such route, a wrong method, too large) leaves as
+    problem+json too, like every error of the handlers."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(e.status, "bad_request")
+        body = {"type": f"urn:statefleet:error:{code}", "title": code, "status": e.status, "detail": e.reason,
+                "code": code, "retryable": False}
+        return web.json_response(body, status=e.status, content_type="application/problem+json")
 
 
 def _answer(stored: Stored) -> dict:

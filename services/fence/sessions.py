@@ -14,6 +14,7 @@ import re
 import secrets
 import time
 
+import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
@@ -117,9 +118,17 @@ class Sessions:
             except errors.Conflict:
                 continue
             await ownership.update_summary(self.js, req.session_id, new.view)
+            await self._purge_input(req.session_id)
             _log.info("session_closed", session_id=req.session_id, log_seq=new.seq)
             return CloseReply(session_id=req.session_id, log_seq=new.seq)
         raise errors.Conflict("close kept losing the race", session_id=req.session_id)
+
+    async def _purge_input(self, session_id: str) -> None:
+        """A closed session's stored input is never released again (its log ends in Close): free it."""
+        try:
+            await self.js.purge_stream(names.INPUT_STREAM, subject=names.input_subject(session_id))
+        except (nats.errors.Error, nats.js.errors.Error) as e:  # retention ages it out anyway
+            _log.warning("input_purge_failed", session_id=session_id, error=repr(e))
 
     # -------------------------------------------------------------- ingress side
 
