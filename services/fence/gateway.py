@@ -217,4 +217,8 @@ class Gateway:
                                        max_items=self.max_release_items, max_bytes=self.max_release_bytes)
 
     def forget(self, session_id: str) -> None:
+        """A closed session: drop what this instance kept for it (a pump in progress keeps its lock)."""
         self.tails.pop(session_id, None)
+        lock = self._locks.get(session_id)
+        if lock is not None and not lock.locked():
+            del self._locks[session_id]
