@@ -55,6 +55,8 @@ async def provision(js: JetStreamContext, replicas: int = 1, retention: Retentio
                                                replicas=replicas, max_bytes=r.log_max_bytes))
     await bus.ensure_stream(js, bus.StreamSpec(names.INPUT_STREAM, [names.INPUT_SUBJECTS], replicas=replicas,
                                                max_bytes=r.input_max_bytes, max_age_s=r.input_max_age_s))
+    await bus.ensure_stream(js, bus.StreamSpec(names.BLOCK_STREAM, [names.BLOCK_JOURNAL_SUBJECTS],
+                                               replicas=replicas, max_bytes=r.log_max_bytes))
     await bus.ensure_kv(js, names.FENCE_META_BUCKET, replicas=replicas, max_bytes=r.meta_max_bytes)
     await bus.ensure_kv(js, names.SESSIONS_BUCKET, replicas=replicas, max_bytes=r.meta_max_bytes)
 

@@ -14,7 +14,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from libs.checkpoint import tree_bytes
 from libs.errors import BadRequest, Busy, Conflict, NotFound
@@ -23,6 +23,9 @@ from libs.schemas.engine import OpenSession, SessionDescriptor, SessionInfo
 from services.engine_host.backends import Backend
 from services.engine_host.metrics import SessionStats
 from services.engine_host.scheduler import Task
+
+if TYPE_CHECKING:
+    from services.engine_host.journal import OutputJournal
 
 SID_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # session ids become NATS subject tokens: fullmatch only
 MAX_PENDING_INPUTS = 256
@@ -76,6 +79,7 @@ class Session:
     origin: Origin = "opened"
     rejected_inputs: int = 0
     last_rejected: Rejected | None = None
+    journal: OutputJournal | None = None  # a fenced session's output gate (see journal.py); None: publish at once
 
     @property
     def sid(self) -> str:
@@ -118,6 +122,12 @@ class Session:
 
     def take_pending(self) -> list[Pending]:
         taken, self.pending = self.pending, []
+        return taken
+
+    def take_through(self, seq: int) -> list[Pending]:
+        """The waiting items up to `seq` (a regenerated block takes exactly what it took the first time)."""
+        n = sum(1 for p in self.pending if p.item.seq <= seq)
+        taken, self.pending = self.pending[:n], self.pending[n:]
         return taken
 
     def take_progress(self, d: SessionDescriptor, pending: list[Pending]) -> None:
