@@ -9,6 +9,7 @@ from pathlib import Path
 
 from libs import config as configmod
 from libs.errors import BadRequest, StatefleetError
+from statefleet import json_out
 from statefleet.registry import SERVICES
 
 
@@ -53,8 +54,6 @@ def _engines(args: argparse.Namespace) -> int:
 
 
 def _admit_calc(args: argparse.Namespace) -> int:
-    import json
-
     from libs import admissibility as adm
 
     try:
@@ -63,7 +62,7 @@ def _admit_calc(args: argparse.Namespace) -> int:
                         setup_s=args.setup_ms / 1e3, codec_ratio=args.codec_ratio, codec_s=args.codec_ms / 1e3)
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    print(json.dumps(adm.evaluate(move).as_json()))
+    print(json_out.dumps(adm.evaluate(move).as_json(), indent=0))
     return 0
 
 

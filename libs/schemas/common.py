@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from libs.schemas.base import Msg
+
+InputKind = Literal["text", "action", "json"]
+INPUT_KINDS: tuple[str, ...] = get_args(InputKind)
 
 
 class ErrorReply(Msg):
@@ -52,6 +55,9 @@ class ProfileRow(Msg):
     block_ms: float  # wall time of one whole block through the pipeline
     state_bytes: int  # resident state of one session
     media_s_per_block: float  # media seconds one block produces (for the real-time factor)
+    # What the backend takes as input, so ingress refuses anything else at the door ([] = not said):
+    input_kinds: list[str] = []
+    max_input_bytes: int = 0  # the largest value of one item it takes (a text item: its UTF-8 bytes); 0 = not said
 
 
 class EngineEntry(Msg):
@@ -94,6 +100,6 @@ class InputItem(Msg):
 
     session_id: str
     seq: int  # the session's ingress sequence: strictly increasing, gap-free per session
-    kind: Literal["text", "action", "json"]
+    kind: InputKind
     data: bytes
     accepted_at: float = 0.0

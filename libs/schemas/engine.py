@@ -58,6 +58,9 @@ class SessionInfo(Msg):
     consumed_seq: int  # last input seq folded into the state by a block
     state_bytes: int
     skipped_blocks: int = 0
+    rejected_inputs: int = 0  # input items the backend refused: skipped, each reported on the output stream
+    last_rejected_seq: int = 0
+    last_rejected_detail: str = ""
 
 
 class CheckpointRef(Msg):
@@ -130,7 +133,9 @@ class OutputChunk(Msg):
 
     session_id: str
     block: int
-    kind: Literal["frames", "audio"]
+    # "input_rejected": an input item the backend refused and skipped; `data` is its problem+json
+    # (with `seq`), dtype "json", one part. Readers that only render media skip other kinds.
+    kind: Literal["frames", "audio", "input_rejected"]
     dtype: str
     shape: list[int]
     part: int

@@ -64,7 +64,7 @@ class HostEndpoint:
             spec = OpenSession(session_id=session_id, backend=d.backend, seed=d.seed, prompt=d.prompt, tier=d.tier,
                                quality_floor=d.quality_floor, session_class=d.session_class,
                                period_ms=d.period_ms, determinism=d.determinism)
-            if not SID_RE.match(session_id):
+            if not SID_RE.fullmatch(session_id):
                 raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=session_id)
             s = await self.lifecycle.admit(spec, backend, tree, gated=gated)
             s.origin = "moved"

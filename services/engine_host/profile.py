@@ -39,5 +39,7 @@ def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[Profi
                 whole.append((time.perf_counter() - t0) * 1000)
         rows.append(ProfileRow(backend=backend.name, tier=tier, quantum_ms=statistics.median(quantum),
                                block_ms=statistics.median(whole), state_bytes=tree_bytes(state),
-                               media_s_per_block=backend.media_s_per_block))
+                               media_s_per_block=backend.media_s_per_block,
+                               input_kinds=sorted(backend.input_kinds),
+                               max_input_bytes=getattr(backend, "max_input_bytes", 0)))
     return rows

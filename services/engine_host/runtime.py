@@ -46,7 +46,7 @@ from services.engine_host.lifecycle import Lifecycle
 from services.engine_host.offload import Offload
 from services.engine_host.pipeline import StagePipeline
 from services.engine_host.scheduler import Dispatch, EdfScheduler
-from services.engine_host.session import SessionTable
+from services.engine_host.session import Rejected, SessionTable
 from services.engine_host.sink import OutputSink, Publish
 from services.engine_host.snapshots import Snapshots
 from services.engine_host.stages import BlockJob, BlockWork, block_stages
@@ -145,8 +145,14 @@ class EngineRuntime:
         return await self.lifecycle.close(sid, drain=drain)
 
     async def apply_input(self, item: InputItem) -> int:
-        """Accept one released input item, in seq order; returns the session's new input cursor."""
-        return self.sessions.get(item.session_id).accept(item, self.clock())
+        """Accept one released input item, in seq order; returns the session's new input cursor.
+        An item the backend refuses is skipped and reported on the session's output stream."""
+        s = self.sessions.get(item.session_id)
+        accepted = s.accept(item, self.clock())
+        if isinstance(accepted, Rejected):
+            await self.sink.report_rejected(s, accepted)
+            return s.input_cursor
+        return accepted
 
     async def advance(self, sid: str, blocks: int = 1) -> SessionInfo:
         """Run `blocks` more blocks of a non-periodic session and return once they are done."""

@@ -17,7 +17,7 @@ import torch
 from libs import bus, names
 from libs.checkpoint import CheckpointStore
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
-from libs.errors import Timeout
+from libs.errors import Timeout, Unavailable
 from libs.fence.client import EngineClient
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.base import Msg, encode
@@ -140,7 +140,7 @@ class EngineHostService(Service):
         await fence.start()
         self.assignments = Assignments(fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
                                        orphan_grace_s=cfg.orphan_grace_s)
-        self.spawn(self.assignments.run(), "assignments")
+        self._taking = self.spawn(self.assignments.run(), "assignments")
         self.log.info("engine_host_ready", host_id=self.host_id, device=str(self.device),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 
@@ -173,6 +173,10 @@ class EngineHostService(Service):
         await self.nc.publish(subject, payload)
 
     async def heartbeat(self) -> None:
+        if self._taking.done():
+            # A host that cannot take assignments must not look alive: its entry expires, so
+            # placement sends nothing here (the watcher's death is logged by `spawn`).
+            raise Unavailable("the assignment watcher is not running", host_id=self.host_id)
         total, free = device_memory(self.device)
         rt = self.runtime
         entry = EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=total,

@@ -2,6 +2,11 @@
 
 A `BlockJob` is one session's block as it crosses the stages; a work carries the jobs of one
 dispatch (a single block, or a coalesced batch of one shape and tier).
+
+An error fails only the session whose block raised it: encode and decode run per session and
+mark just the item that raised; a coalesced denoise that raises is run again one session at a
+time, so the sessions that did not cause it go on. That retry relies on `denoise_batch` changing
+no state before every result is computed (both reference backends write state last).
 """
 
 from __future__ import annotations
@@ -35,23 +40,45 @@ BlockWork = Work[BlockJob, Dispatch]
 def encode(work: BlockWork) -> None:
     for it in work.items:
         job = it.data
-        job.carry = job.session.backend.encode(job.session.state, job.inputs)
+        try:
+            job.carry = job.session.backend.encode(job.session.state, job.inputs)
+        except Exception as e:
+            it.error = e
 
 
 def denoise(work: BlockWork) -> None:
-    jobs = [it.data for it in work.items]
+    live = [it for it in work.items if it.error is None]
+    if not live:
+        return
+    jobs = [it.data for it in live]
     backend = jobs[0].session.backend
-    carries = backend.denoise_batch([j.session.state for j in jobs], [j.carry for j in jobs], work.meta.tier)
+    try:
+        carries = backend.denoise_batch([j.session.state for j in jobs], [j.carry for j in jobs], work.meta.tier)
+    except Exception:
+        if len(live) == 1:
+            raise
+        for it in live:  # find the session that raised: each alone
+            try:
+                it.data.carry = backend.denoise(it.data.session.state, it.data.carry, work.meta.tier)
+            except Exception as e:
+                it.error = e
+        return
     for j, c in zip(jobs, carries, strict=True):
         j.carry = c
 
 
 def decode(work: BlockWork) -> None:
     for it in work.items:
+        if it.error is not None:
+            continue
         job = it.data
-        out = job.session.backend.decode(job.session.state, job.carry)
-        if out.frames.device.type == "cuda":
-            torch.cuda.synchronize(out.frames.device)
+        try:
+            out = job.session.backend.decode(job.session.state, job.carry)
+            if out.frames.device.type == "cuda":
+                torch.cuda.synchronize(out.frames.device)
+        except Exception as e:
+            it.error = e
+            continue
         job.output = out
 
 

@@ -50,6 +50,7 @@ class AvatarBackend:
         self.device = torch.device(device)
         self.tiers = tuple(sorted(c.tiers))
         self.media_s_per_block = c.frames / c.fps
+        self.max_input_bytes = c.text_max_bytes  # declared in the profile, so ingress refuses longer text
         g = torch.Generator().manual_seed(WEIGHT_SEED + 1)
         D, dev = c.d_model, self.device
         self.byte_emb = weights((256, D), g, dev, scale=1.0)

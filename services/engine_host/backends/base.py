@@ -34,6 +34,8 @@ class Backend(Protocol):
     tiers: tuple[int, ...]  # the quality ladder: denoise steps, ascending
     media_s_per_block: float
     input_kinds: frozenset[str]
+    # Optional `max_input_bytes: int`: the largest item value it takes (text: UTF-8 bytes), published in
+    # its profile rows so ingress refuses bigger items at the door (absent: ingress's own limit only).
     batchable: bool  # denoise_batch coalesces several sessions' blocks of one shape
 
     def config_bytes(self) -> bytes: ...
