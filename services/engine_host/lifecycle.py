@@ -66,7 +66,7 @@ class Lifecycle:
 
     async def open(self, spec: OpenSession) -> Session:
         backend = self.validate_open(spec)
-        state = await self.in_thread(backend.init_state, spec.seed, spec.prompt)
+        state = await self.in_thread(backend.init_state, spec.seed, spec.init())
         return await self.admit(spec, backend, state)
 
     async def admit(self, spec: OpenSession, backend: Backend, state: dict) -> Session:

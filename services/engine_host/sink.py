@@ -13,6 +13,7 @@ from libs import names
 from libs.schemas.base import encode
 from libs.telemetry import counter
 from services.engine_host.backends import Output
+from services.engine_host.backends.base import block_media_s
 from services.engine_host.costs import CostModel
 from services.engine_host.output import chunks
 from services.engine_host.session import Session
@@ -48,9 +49,9 @@ class OutputSink:
         """One block of a session is done: its state has advanced past `job.last_seq`. Counted,
         published, and only then does the session count as idle again."""
         s = job.session
+        s.stats.output(now, job.accepted_at, stage_ms, block_media_s(s.backend, s.blocks_done))
         s.blocks_done += 1
         s.consumed_seq = job.last_seq
-        s.stats.output(now, job.accepted_at, stage_ms)
         if self.publish is not None and job.output is not None:
             await self._publish_output(s, job.output)
         s.block_finished(now)

@@ -1,7 +1,10 @@
 """The three stage bodies of a block: encode → denoise → decode, each run on its stage's thread.
 
 A `BlockJob` is one session's block as it crosses the stages; a work carries the jobs of one
-dispatch (a single block, or a coalesced batch of one shape and tier).
+dispatch (a single block, or a coalesced batch of one shape and tier). Encode notes every tensor
+leaf of the session's state and decode checks each is still there, the same tensor over the same
+memory at the same shape: a backend that rebinds or reshapes a leaf fails its session with an
+error naming the leaf (the mover's manifest and chunk grid depend on a fixed layout).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 import torch
 
 from services.engine_host.backends import Output
+from services.engine_host.backends.spec import LeafSnapshot, StateLayoutError
 from services.engine_host.scheduler import Dispatch
 from services.engine_host.session import Session
 from services.engine_host.work import Stage, Work
@@ -25,6 +29,7 @@ class BlockJob:
     accepted_at: list[float]
     carry: Any = None  # what one stage hands the next (the backend's own type)
     output: Output | None = None
+    leaves: LeafSnapshot | None = None  # the state's tensor leaves as the block found them
 
 
 BlockWork = Work[BlockJob, Dispatch]
@@ -33,6 +38,7 @@ BlockWork = Work[BlockJob, Dispatch]
 def encode(work: BlockWork) -> None:
     for it in work.items:
         job = it.data
+        job.leaves = LeafSnapshot.take(job.session.state, job.session.backend.state_spec())
         job.carry = job.session.backend.encode(job.session.state, job.inputs)
 
 
@@ -51,6 +57,11 @@ def decode(work: BlockWork) -> None:
         if out.frames.device.type == "cuda":
             torch.cuda.synchronize(out.frames.device)
         job.output = out
+        assert job.leaves is not None
+        try:
+            job.leaves.verify(job.session.state)
+        except StateLayoutError as e:  # only this session fails, not the others of a batch
+            it.error = e
 
 
 def block_stages() -> list[Stage[BlockJob, Dispatch]]:
