@@ -29,7 +29,10 @@ def act(keys, mouse=(0, 0), seq=1) -> InputItem:
     return InputItem(session_id="s", seq=seq, kind="action", data=json.dumps({"keys": keys, "mouse": list(mouse)}).encode())
 
 
-def run(b: DitWorldBackend, blocks: int, tier: int, seed: int = 5, state=None, init=SessionInit(prompt="a road")):
+ROAD = SessionInit(prompt="a road")
+
+
+def run(b: DitWorldBackend, blocks: int, tier: int, seed: int = 5, state=None, init: SessionInit = ROAD):
     state = b.init_state(seed, init) if state is None else state
     inputs = [[b.parse_input(act(["w"], (30, -4)))], [], [b.parse_input(act(["a", "shift"]))]]
     return state, [advance(b, state, inputs[i % 3], tier) for i in range(blocks)]
@@ -121,7 +124,7 @@ def test_a_rebuilt_decoder_cache_equals_the_live_one_and_the_next_blocks_match(b
     b = DitWorldBackend()
     state, _ = run(b, blocks, 2)
     moved = clone_tree(specs.select(state, b.state_spec()))
-    rebuilt = complete(b, moved, 5, SessionInit(prompt="a road"))
+    rebuilt = complete(b, moved, 5, ROAD)
     assert trees_equal(rebuilt, state)  # vae caches re-derived, cross-attention regenerated
     _, o1 = run(b, 4, 3, state=state)
     _, o2 = run(b, 4, 3, state=rebuilt)
