@@ -32,7 +32,7 @@ def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[Profi
     rows = []
     for tier in backend.tiers:
         quantum, whole = [], []
-        dirty_bytes = 0
+        dirty = 0
         for i in range(warmup + blocks):
             before = chunk_crcs(moved) if i == warmup else None
             t0 = time.perf_counter()
@@ -48,20 +48,24 @@ def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[Profi
                 quantum.append((t2 - t1) * 1000)
                 whole.append((time.perf_counter() - t0) * 1000)
             if before is not None:
-                dirty_bytes = sum(n for (a, n), (b, _) in zip(before, chunk_crcs(moved), strict=True) if a != b)
+                dirty = dirty_bytes(before, chunk_crcs(moved))
         rows.append(ProfileRow(backend=backend.name, tier=tier, quantum_ms=statistics.median(quantum),
                                block_ms=statistics.median(whole), state_bytes=tree_bytes(state),
                                media_s_per_block=backend.media_s_per_block, moved_bytes=tree_bytes(moved),
-                               dirty_bytes_per_block=dirty_bytes))
+                               dirty_bytes_per_block=dirty))
     return rows
 
 
-def chunk_crcs(tree: dict) -> list[tuple[int, int]]:
+def chunk_crcs(tree: dict, chunk_bytes: int = DIRTY_CHUNK_BYTES) -> list[tuple[int, int]]:
     """(CRC, length) of every chunk of every tensor leaf, in tree order: two calls around a block
     tell which bytes it rewrote, as a pre-copy round sees them."""
     out = []
     for t in tree_tensors(tree):
         view = crc.byte_view(t)
-        out += [(crc.crc_bytes(view[o:o + DIRTY_CHUNK_BYTES]), min(DIRTY_CHUNK_BYTES, view.numel() - o))
-                for o in range(0, view.numel(), DIRTY_CHUNK_BYTES)]
+        out += [(crc.crc_bytes(view[o:o + chunk_bytes]), min(chunk_bytes, view.numel() - o))
+                for o in range(0, view.numel(), chunk_bytes)]
     return out
+
+
+def dirty_bytes(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> int:
+    return sum(n for (a, n), (b, _) in zip(before, after, strict=True) if a != b)
