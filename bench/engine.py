@@ -108,7 +108,7 @@ async def throughput(device: torch.device, max_batch: int, sessions: int, blocks
     await rt.start()
     try:
         for i in range(sessions):
-            await rt.open(OpenSession(session_id=f"b{i}", backend="world", seed=i, tier=TIER, determinism="T1"))
+            await rt.open(OpenSession(session_id=f"b{i}", backend="world", seed=i, tier=TIER, determinism="T2"))
         await asyncio.gather(*(rt.advance(f"b{i}", 2) for i in range(sessions)))
         t0 = time.perf_counter()
         await asyncio.gather(*(rt.advance(f"b{i}", blocks) for i in range(sessions)))

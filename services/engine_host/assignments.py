@@ -1,11 +1,17 @@
 """Fenced sessions on an engine host: take what fence assigns here, claim it, apply only its releases.
 
 For every assignment to this host that the log still shows as the latest:
-  1. install the state: keep it if the host already holds the session (a move installed it),
-     else restore the latest checkpoint from fence's metadata, else start from the seed;
+  1. install the state, gated (it runs no block yet): keep it if the host already holds the
+     session (a move installed it), else restore the latest checkpoint from fence's metadata,
+     else start from the seed;
   2. claim `(host_id, version)` with the input cursor that state reflects: fence re-releases
      every item after it, so items released to a dead or moved-away owner are not lost;
-  3. apply the lease's items in order until the lease is revoked (a newer assign, or a close).
+  3. take the block journal (seal it: an older owner still running can record, and so publish,
+     nothing more) and learn the blocks recorded after the installed state;
+  4. regenerate those blocks exactly (each with the items and tier it recorded, output marked
+     replayed), then ungate the session and apply the lease's items in order until the lease is
+     revoked (a newer assign, a close, or the journal saying a newer owner sealed it).
+From then on every block's consumed items are journaled before its output is published.
 A revoked host never takes another item. If the session was closed, it shuts it down in
 order; if it was assigned elsewhere, it stops taking input and leaves the copy to the mover
 (which drops it after the move commits) or, when nothing moves it, closes it after a grace.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from typing import Protocol
 
 import msgspec
@@ -27,11 +34,14 @@ import structlog
 from libs import logs
 from libs.contracts import Contract
 from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetError
+from libs.fence.block_journal import BlockJournal
 from libs.fence.client import EngineClient, Lease
+from libs.fence.replay import replay_plan
 from libs.schemas.common import InputItem
 from libs.schemas.engine import CheckpointRef, OpenSession, SessionInfo
-from libs.schemas.fence import AssignNotice, SessionMeta
+from libs.schemas.fence import AssignNotice, ConsumedBlock, SessionMeta
 from libs.tasks import report_death
+from services.engine_host.journal import OutputJournal
 
 log = structlog.get_logger("statefleet.engine_host.assignments")
 
@@ -56,9 +66,17 @@ class FencedHost(Protocol):
 
     def info(self, sid: str) -> SessionInfo: ...
 
-    async def open(self, spec: OpenSession) -> SessionInfo: ...
+    async def open(self, spec: OpenSession, *, gated: bool = False) -> SessionInfo: ...
 
-    async def restore(self, sid: str, key: str) -> SessionInfo: ...
+    async def restore(self, sid: str, key: str, *, gated: bool = False) -> SessionInfo: ...
+
+    def gate(self, sid: str) -> None: ...
+
+    def ungate(self, sid: str) -> None: ...
+
+    def attach_journal(self, sid: str, writer: BlockJournal) -> OutputJournal: ...
+
+    async def replay_block(self, sid: str, block: ConsumedBlock) -> None: ...
 
     async def apply_input(self, item: InputItem) -> int: ...
 
@@ -106,55 +124,102 @@ class Assignments:
     async def _serve(self, notice: AssignNotice) -> None:
         sid, version = notice.session_id, notice.version
         logs.bind(session_id=sid, server_id=self.client.server_id, version=version)
+        held = self.host.holds(sid)
         try:
             meta = await self.client.meta(sid)
             if meta.closed:
                 return
             cursor = await self._install(meta)
-            lease = await self.client.claim(sid, version, cursor)
         except StatefleetError as e:
             log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
             return
-        checkpoints = asyncio.create_task(self._checkpoint_loop(lease, meta.checkpoint_ref))
         try:
-            await self.apply_releases(lease)
+            lease = await self.client.claim(sid, version, cursor)
+            journal, plan = await self._take_journal(lease)
+        except StatefleetError as e:
+            log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
+            if not held:
+                await self._close(sid, drain=False)  # we made this copy for nothing
+            else:
+                with contextlib.suppress(NotFound):
+                    self.host.ungate(sid)
+            return
+        background = [asyncio.create_task(self._checkpoint_loop(lease, meta.checkpoint_ref, journal)),
+                      asyncio.create_task(self._stop_when_fenced(lease, journal))]
+        try:
+            await self.apply_releases(lease, plan)
         except StatefleetError as e:
             # The session failed here (a backend error closes it) or its input broke order: take no
             # more input under this lease; fence re-releases from the claim cursor to whoever is next.
             log.error("input_stopped", session_id=sid, version=version, code=e.code, detail=e.detail)
             await lease.stop()
         finally:
-            checkpoints.cancel()
-            await asyncio.gather(checkpoints, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
         await self._after_revocation(sid)
 
     async def _install(self, meta: SessionMeta) -> int:
-        """Make the session live here; return the input cursor its state reflects."""
+        """Make the session live here, gated; return the input cursor its state reflects."""
         sid = meta.session_id
         if self.host.holds(sid):
+            self.host.gate(sid)
             return self.host.info(sid).input_cursor  # installed by a move (pending items travel along)
         if meta.checkpoint_ref:
             try:
-                info = await self.host.restore(sid, meta.checkpoint_ref)
+                info = await self.host.restore(sid, meta.checkpoint_ref, gated=True)
                 log.info("restored", session_id=sid, key=meta.checkpoint_ref, cursor=info.input_cursor)
                 return info.input_cursor
             except (NotFound, IntegrityError) as e:
                 # Deterministic backends replay to the same state: seed + every item from the start.
                 log.warning("checkpoint_unusable", session_id=sid, key=meta.checkpoint_ref, code=e.code)
-        info = await self.host.open(open_spec(meta))
+        info = await self.host.open(open_spec(meta), gated=True)
         return info.input_cursor
 
-    async def apply_releases(self, lease: Lease) -> None:
-        """Apply the lease's released items in order until it is revoked, reporting progress to fence."""
+    async def _take_journal(self, lease: Lease) -> tuple[OutputJournal, list[ConsumedBlock]]:
+        """Seal the session's block journal for our claim and attach it; return the recorded blocks
+        after the installed state, which must be regenerated before any live block."""
+        sid = lease.session_id
+        writer, entries = await BlockJournal.take(self.client.js, sid, lease.owner)
+        info = self.host.info(sid)
+        try:
+            plan = replay_plan(entries, info.blocks_done, info.consumed_seq)
+        except IntegrityError as e:
+            # Not exact any more (e.g. the checkpoint was unusable and the journal before it is gone):
+            # go on live rather than strand the session.
+            log.error("journal_unusable", session_id=sid, detail=e.detail, blocks_done=info.blocks_done)
+            plan = []
+        if plan:
+            log.info("replaying", session_id=sid, after_block=info.blocks_done, blocks=len(plan),
+                     through_block=plan[-1].block)
+        return self.host.attach_journal(sid, writer), plan
+
+    async def apply_releases(self, lease: Lease, plan: list[ConsumedBlock] | None = None) -> None:
+        """Regenerate the recorded blocks in `plan` as their items arrive, then ungate the session and
+        apply the lease's released items in order until it is revoked, reporting progress to fence."""
+        sid = lease.session_id
+        todo = deque(plan or [])
+        await self._regenerate(sid, todo, lease.cursor)
         last_report = 0.0
         async for item in lease:
+            if lease.revoked.is_set():
+                break  # a revoked incarnation applies nothing more, even what reached it before
             if not await self._accept(item):
                 continue
+            if todo:
+                await self._regenerate(sid, todo, item.seq)
             now = time.monotonic()
             if now - last_report >= REPORT_EVERY_S:
                 last_report = now
                 with contextlib.suppress(StatefleetError):
                     await lease.report_applied(item.seq)
+
+    async def _regenerate(self, sid: str, todo: deque[ConsumedBlock], cursor: int) -> None:
+        """Run every recorded block whose items are all accepted (up to `cursor`); ungate once none is left."""
+        while todo and todo[0].last_seq <= cursor:
+            await self.host.replay_block(sid, todo.popleft())
+        if not todo:
+            self.host.ungate(sid)
 
     async def _accept(self, item: InputItem) -> bool:
         """Hand one released item to the runtime, waiting while its input queue is full."""
@@ -203,7 +268,13 @@ class Assignments:
             await self.host.close(sid, drain=drain)
             log.info("session_closed", session_id=sid, drain=drain)
 
-    async def _checkpoint_loop(self, lease: Lease, recorded: str | None) -> None:
+    async def _stop_when_fenced(self, lease: Lease, journal: OutputJournal) -> None:
+        """A newer owner sealed the journal (we were presumed dead): take no more input."""
+        await journal.fenced.wait()
+        log.warning("fenced_by_journal", session_id=lease.session_id, version=lease.owner.version)
+        await lease.stop()
+
+    async def _checkpoint_loop(self, lease: Lease, recorded: str | None, journal: OutputJournal) -> None:
         """`recorded`: the checkpoint fence points at (only this loop moves it while we hold the lease);
         None when a failed round left that unknown, and fence is asked again."""
         sid = lease.session_id
@@ -215,7 +286,7 @@ class Assignments:
                 if recorded is None:
                     recorded = (await self.client.meta(sid)).checkpoint_ref
                 ref = await self.host.checkpoint(sid, delete_previous=False)
-                await self.client.checkpoint(sid, lease.owner.version, ref.key, ref.consumed_seq)
+                await self.client.checkpoint(sid, lease.owner.version, ref.key, ref.consumed_seq, ref.blocks_done)
             except StatefleetError as e:  # the next round tries again; the recorded checkpoint still stands
                 log.warning("checkpoint_failed", session_id=sid, code=e.code, detail=e.detail)
                 recorded = None  # a lost reply may still have moved it
@@ -225,4 +296,6 @@ class Assignments:
             if previous and previous != ref.key:
                 with contextlib.suppress(StatefleetError):
                     await self.host.delete_checkpoint(previous)
+            with contextlib.suppress(StatefleetError):  # only costs storage until the next round
+                await journal.forget_through(ref.blocks_done)
 

@@ -22,21 +22,32 @@ class Boundaries:
 
     @asynccontextmanager
     async def hold(self, s: Session) -> AsyncIterator[None]:
-        """While held, no block of `s` runs (the one in flight, if any, finishes first)."""
+        """While held, no block of `s` runs (the one in flight, if any, finishes first) and every
+        finished block's output is out (a fenced session's journal is flushed), so a copy or a
+        checkpoint taken now never holds a block whose record could still be lost."""
+        self.gate(s)
+        try:
+            await s.idle.wait()
+            if s.journal is not None:
+                await s.journal.flushed()
+            yield
+        finally:
+            self.ungate(s)
+
+    def gate(self, s: Session) -> None:
+        """Schedule no new block of `s` until `ungate` (a hold that does not wait for the block in flight)."""
         s.holds += 1
         if s.holds == 1:
             s.held_at = self.clock()
         if s.sid in self.sched.tasks:
             self.sched.pause(s.sid, True, self.clock())
-        try:
-            await s.idle.wait()
-            yield
-        finally:
-            s.holds -= 1
-            if s.holds == 0:
-                now = self.clock()
-                s.stats.idle_interval(max(s.held_at, s.last_end), now, "block_boundary")
-                s.last_end = max(s.last_end, now)
-                if s.status == "running" and s.sid in self.sched.tasks:
-                    self.sched.pause(s.sid, False, now)
-                self.wake()
+
+    def ungate(self, s: Session) -> None:
+        s.holds -= 1
+        if s.holds == 0:
+            now = self.clock()
+            s.stats.idle_interval(max(s.held_at, s.last_end), now, "block_boundary")
+            s.last_end = max(s.last_end, now)
+            if s.status == "running" and s.sid in self.sched.tasks:
+                self.sched.pause(s.sid, False, now)
+            self.wake()

@@ -1,5 +1,8 @@
 """The dispatcher: asks the scheduler for the next quantum, takes its sessions' pending inputs into
-block jobs and submits them to the stage pipeline; at most `max_in_flight` quanta at once."""
+block jobs and submits them to the stage pipeline; at most `max_in_flight` quanta at once.
+
+A regenerated block (exact recovery) does not come from the scheduler: `submit_exact` runs one
+gated session's next block with exactly the items and tier the block journal recorded for it."""
 
 from __future__ import annotations
 
@@ -10,11 +13,12 @@ from collections.abc import Callable
 import structlog
 
 from libs.errors import StatefleetError
+from libs.schemas.fence import ConsumedBlock
 from libs.session_classes import PERIODIC
 from libs.tasks import spawn
 from services.engine_host.pipeline import StagePipeline
 from services.engine_host.scheduler import Dispatch, EdfScheduler
-from services.engine_host.session import Session, SessionTable
+from services.engine_host.session import Pending, Session, SessionTable
 from services.engine_host.stages import BlockJob
 from services.engine_host.work import Item, Work
 
@@ -30,6 +34,7 @@ class Dispatcher:
         self.max_in_flight = max_in_flight
         self.clock = clock
         self.in_flight = 0  # quanta submitted and not yet through the sink
+        self._exact: set[int] = set()  # ids of the regenerated blocks' dispatches: no scheduler task ran them
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -70,13 +75,28 @@ class Dispatcher:
             assert s is not None  # the scheduler holds a task only for a session in the table
             self._note_wait(s, now, deadline)
             taken = s.take_pending()
-            s.busy = True
-            s.idle.clear()
-            s.pipe_seq += 1
-            job = BlockJob(session=s, inputs=[p.parsed for p in taken],
-                           last_seq=taken[-1].item.seq if taken else s.consumed_seq,
-                           accepted_at=[p.accepted_at for p in taken])
-            items.append(Item(sid=sid, seq=s.pipe_seq, epoch=0, data=job))
+            items.append(self._item(s, taken, taken[-1].item.seq if taken else s.consumed_seq, d.tier))
+        await self._submit(items, d, now)
+
+    async def submit_exact(self, s: Session, block: ConsumedBlock) -> None:
+        """Start `s`'s next block as `block` recorded it: its items exactly, at its tier. The caller
+        holds the session out of the scheduler (gated) and has every one of those items accepted."""
+        now = self.clock()
+        taken = s.take_through(block.last_seq)
+        d = Dispatch(sids=(s.sid,), tier=block.tier, start=now, deadlines=(math.inf,))
+        self._exact.add(id(d))
+        await self._submit([self._item(s, taken, block.last_seq, block.tier, replayed=True)], d, now)
+
+    def _item(self, s: Session, taken: list[Pending], last_seq: int, tier: int, *,
+              replayed: bool = False) -> Item[BlockJob]:
+        s.busy = True
+        s.idle.clear()
+        s.pipe_seq += 1
+        job = BlockJob(session=s, inputs=[p.parsed for p in taken], last_seq=last_seq,
+                       accepted_at=[p.accepted_at for p in taken], tier=tier, replayed=replayed)
+        return Item(sid=s.sid, seq=s.pipe_seq, epoch=0, data=job)
+
+    async def _submit(self, items: list[Item[BlockJob]], d: Dispatch, now: float) -> None:
         self.in_flight += 1
         try:
             await self.pipeline.submit(Work(items=items, meta=d))
@@ -84,8 +104,14 @@ class Dispatcher:
             log.info("dispatch_dropped", sessions=d.sids, reason=e.detail)
             for it in items:
                 it.data.session.block_finished(now)
-            self.sched.done(d, now)
+            self._finish(d, now)
             self.in_flight -= 1
+
+    def _finish(self, d: Dispatch, now: float) -> None:
+        if id(d) in self._exact:
+            self._exact.discard(id(d))  # the scheduler never picked it: nothing of its to update
+        else:
+            self.sched.done(d, now)
 
     def _note_wait(self, s: Session, now: float, deadline: float) -> None:
         """Split the gap since the session's last block into waiting-for-work and waiting-for-device."""
@@ -98,7 +124,7 @@ class Dispatcher:
     def quantum_done(self, d: Dispatch) -> None:
         """The sink is through with a quantum: tell the scheduler, count releases it skipped meanwhile."""
         before = {sid: t.skipped for sid in d.sids if (t := self.sched.tasks.get(sid))}
-        self.sched.done(d, self.clock())
+        self._finish(d, self.clock())
         for sid, n in before.items():
             if (s := self.sessions.lookup(sid)) is not None:
                 s.stats.skipped(self.sched.tasks[sid].skipped - n)

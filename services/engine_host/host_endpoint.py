@@ -60,9 +60,10 @@ class HostEndpoint:
         s = self.sessions.get(session_id)
         return encode(describe(s, self.tasks(session_id), with_pending=True))
 
-    async def install_state(self, session_id: str, tree: dict, descriptor: bytes) -> Session:
+    async def install_state(self, session_id: str, tree: dict, descriptor: bytes, *, gated: bool = False) -> Session:
         """Make `tree` (already on this device) the session's live state, creating the session if
-        this host does not hold it. Nothing changes unless tree and descriptor both check out."""
+        this host does not hold it (gated: running no block until ungated). Nothing changes unless
+        tree and descriptor both check out."""
         d = decode(descriptor, SessionDescriptor)
         if d.session_id != session_id:
             raise BadRequest(f"descriptor is for {d.session_id}, not {session_id}", session_id=session_id)
@@ -78,7 +79,7 @@ class HostEndpoint:
             spec = OpenSession(session_id=session_id, backend=d.backend, seed=d.seed, prompt=d.prompt, tier=d.tier,
                                quality_floor=d.quality_floor, session_class=d.session_class,
                                period_ms=d.period_ms, determinism=d.determinism, image=d.image, audio=d.audio)
-            s = await self.lifecycle.admit(spec, backend, tree)
+            s = await self.lifecycle.admit(spec, backend, tree, gated=gated)
             s.origin = "moved"
             s.take_progress(d, pending)  # no await since admit: no block can have run yet
             return s

@@ -7,6 +7,7 @@ host and its other sessions go on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,7 +16,7 @@ import structlog
 
 from libs.errors import BadRequest, Busy, Conflict
 from libs.schemas.engine import OpenSession, SessionInfo
-from libs.session_classes import PERIODIC
+from libs.session_classes import PERIODIC, coalescable
 from services.engine_host.backends import Backend
 from services.engine_host.costs import Backends, shape_of
 from services.engine_host.metrics import SessionStats
@@ -27,12 +28,13 @@ from services.engine_host.stages import BlockJob
 log = structlog.get_logger("statefleet.engine_host.lifecycle")
 
 InThread = Callable[..., Awaitable[Any]]
+JOURNAL_DRAIN_S = 5.0  # a drained close waits this long for the journal (the bus may be away)
 
 
 class Lifecycle:
     def __init__(self, sessions: SessionTable, backends: Backends, sched: EdfScheduler,
                  pipeline: StagePipeline[BlockJob, Dispatch], *, max_sessions: int, in_thread: InThread,
-                 clock: Callable[[], float], wake: Callable[[], None]) -> None:
+                 clock: Callable[[], float], wake: Callable[[], None], gate: Callable[[Session], None]) -> None:
         self.sessions = sessions
         self.backends = backends
         self.sched = sched
@@ -41,6 +43,7 @@ class Lifecycle:
         self.in_thread = in_thread
         self.clock = clock
         self.wake = wake
+        self.gate = gate
         self._background: set[asyncio.Task[None]] = set()
 
     def validate_open(self, spec: OpenSession) -> Backend:
@@ -64,13 +67,15 @@ class Lifecycle:
                              session_id=spec.session_id)
         return backend
 
-    async def open(self, spec: OpenSession) -> Session:
+    async def open(self, spec: OpenSession, *, gated: bool = False) -> Session:
         backend = self.validate_open(spec)
         state = await self.in_thread(backend.init_state, spec.seed, spec.init())
-        return await self.admit(spec, backend, state)
+        return await self.admit(spec, backend, state, gated=gated)
 
-    async def admit(self, spec: OpenSession, backend: Backend, state: dict) -> Session:
-        """Make a session of `state` live: a pipeline slot in every stage, then a scheduler task."""
+    async def admit(self, spec: OpenSession, backend: Backend, state: dict, *, gated: bool = False) -> Session:
+        """Make a session of `state` live: a pipeline slot in every stage, then a scheduler task.
+        A gated session runs no block until the caller ungates it (a fenced host first learns
+        which blocks it must regenerate)."""
         now = self.clock()
         s = Session(spec=spec, backend=backend, shape=shape_of(backend), state=state,
                     stats=SessionStats(spec.session_id, spec.backend, backend.media_s_per_block, now),
@@ -80,8 +85,10 @@ class Lifecycle:
         ladder = tuple(t for t in backend.tiers if t >= (spec.quality_floor or backend.tiers[0]))
         self.sched.add(Task(sid=spec.session_id, cls=spec.session_class, shape=s.shape, ladder=ladder,
                             tier=spec.tier or ladder[-1], period_s=spec.period_ms / 1000,
-                            batchable=backend.batchable and spec.determinism != "T0"), now)
+                            batchable=backend.batchable and coalescable(spec.determinism)), now)
         self.sessions.add(s)
+        if gated:
+            self.gate(s)
         self.wake()
         return s
 
@@ -102,6 +109,7 @@ class Lifecycle:
             s.busy = False
             s.idle.set()
             self.wake()
+            await self._end_journal(s, drain=drain)
         return SessionInfo(**{**{f: getattr(info, f) for f in info.__struct_fields__}, "state": "closed"})
 
     def fail(self, s: Session, error: BaseException) -> None:
@@ -123,7 +131,21 @@ class Lifecycle:
         except Exception as e:
             log.error("failed_session_cleanup_failed", session_id=sid, error=repr(e))
         finally:
+            s = self.sessions.lookup(sid)
             self.sessions.remove(sid)
+            if s is not None:
+                await self._end_journal(s, drain=False)
+
+    @staticmethod
+    async def _end_journal(s: Session, *, drain: bool) -> None:
+        """A closing session's journal: its waiting blocks go out first when draining, then its task ends."""
+        journal, s.journal = s.journal, None
+        if journal is None:
+            return
+        if drain:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(journal.flushed(), JOURNAL_DRAIN_S)
+        await journal.close()
 
     async def settle(self) -> None:
         """Wait for failed sessions' cleanups still running."""

@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -29,8 +30,10 @@ import torch
 
 from libs.checkpoint import CheckpointStore, tree_bytes
 from libs.errors import BadRequest, Conflict
+from libs.fence.block_journal import BlockJournal
 from libs.schemas.common import BackendInfo, InputItem, ProfileRow
 from libs.schemas.engine import CheckpointRef, HostStatus, OpenSession, SessionInfo, SessionMetrics
+from libs.schemas.fence import ConsumedBlock
 from libs.session_classes import PERIODIC
 from services.engine_host import torch_threads
 from services.engine_host.backends import Backend, Registry
@@ -38,6 +41,7 @@ from services.engine_host.boundary import Boundaries
 from services.engine_host.costs import Backends, CostModel, shape_of
 from services.engine_host.dispatcher import Dispatcher
 from services.engine_host.host_endpoint import HostEndpoint, backend_info
+from services.engine_host.journal import OutputJournal
 from services.engine_host.lifecycle import Lifecycle
 from services.engine_host.offload import Offload
 from services.engine_host.pipeline import StagePipeline
@@ -81,10 +85,11 @@ class EngineRuntime:
         self.dispatcher = Dispatcher(self.sched, self.sessions, self.pipeline, max_in_flight=max_in_flight,
                                      clock=clock)
         wake = self.dispatcher.wake
-        self.lifecycle = Lifecycle(self.sessions, self.backends, self.sched, self.pipeline,
-                                   max_sessions=max_sessions, in_thread=self.in_thread, clock=clock, wake=wake)
-        self.sink = OutputSink(publish, self.costs, fail=self.lifecycle.fail, clock=clock)
         self.boundaries = Boundaries(self.sched, clock, wake)
+        self.lifecycle = Lifecycle(self.sessions, self.backends, self.sched, self.pipeline,
+                                   max_sessions=max_sessions, in_thread=self.in_thread, clock=clock, wake=wake,
+                                   gate=self.boundaries.gate)
+        self.sink = OutputSink(publish, self.costs, fail=self.lifecycle.fail, clock=clock)
         self.endpoint = HostEndpoint(self.sessions, self.backends, self.lifecycle, self.boundaries,
                                      self.sched.tasks.get, clock=clock, in_thread=self.in_thread)
         self.offload = Offload(self.sessions, self.boundaries, self.sched, self.device,
@@ -132,8 +137,9 @@ class EngineRuntime:
 
     # ------------------------------------------------------------ session verbs
 
-    async def open(self, spec: OpenSession) -> SessionInfo:
-        await self.lifecycle.open(spec)
+    async def open(self, spec: OpenSession, *, gated: bool = False) -> SessionInfo:
+        """Create a session from its seed; a gated one runs no block until `ungate`."""
+        await self.lifecycle.open(spec, gated=gated)
         return self.info(spec.session_id)
 
     async def close(self, sid: str, *, drain: bool = True) -> SessionInfo:
@@ -175,13 +181,44 @@ class EngineRuntime:
         """Snapshot the session at a block boundary into the checkpoint store (see `Snapshots.checkpoint`)."""
         return await self.snapshots.checkpoint(sid, delete_previous=delete_previous)
 
-    async def restore(self, sid: str, key: str) -> SessionInfo:
-        """Create the session from a checkpoint (failover); input resumes after its consumed cursor."""
-        await self.snapshots.restore(sid, key)
+    async def restore(self, sid: str, key: str, *, gated: bool = False) -> SessionInfo:
+        """Create the session from a checkpoint (failover); input resumes after its consumed cursor.
+        A gated one runs no block until `ungate`."""
+        await self.snapshots.restore(sid, key, gated=gated)
         return self.info(sid)
 
     async def delete_checkpoint(self, key: str) -> None:
         await self.snapshots.delete(key)
+
+    # ------------------------------------------------------------ exact recovery (a fenced session)
+
+    def gate(self, sid: str) -> None:
+        """Schedule no new block of the session until `ungate` (the one in flight finishes)."""
+        self.boundaries.gate(self.sessions.get(sid))
+
+    def ungate(self, sid: str) -> None:
+        self.boundaries.ungate(self.sessions.get(sid))
+
+    def attach_journal(self, sid: str, writer: BlockJournal) -> OutputJournal:
+        """From now on the session's output is published only once its blocks are in `writer`'s journal."""
+        s = self.sessions.get(sid)
+        if s.journal is not None:
+            raise Conflict(f"session {sid} already has a journal", session_id=sid)
+        s.journal = OutputJournal(writer, functools.partial(self.sink.publish_block, sid))
+        return s.journal
+
+    async def replay_block(self, sid: str, block: ConsumedBlock) -> None:
+        """Regenerate the gated session's next block exactly as the journal recorded it (its items, which
+        must all be accepted, and its tier); returns once it is through the sink."""
+        s = self.sessions.get(sid)
+        await s.idle.wait()
+        s = self.sessions.get(sid)
+        if (block.block, block.first_seq) != (s.blocks_done + 1, s.consumed_seq + 1) or s.input_cursor < block.last_seq:
+            raise Conflict(f"block {block.block} (items {block.first_seq}..{block.last_seq}) cannot follow block "
+                           f"{s.blocks_done} (consumed {s.consumed_seq}, accepted {s.input_cursor})", session_id=sid)
+        await self.dispatcher.submit_exact(s, block)
+        await s.idle.wait()
+        self.sessions.get(sid)  # NotFound (naming the failure) if the block failed the session
 
     # ------------------------------------------------------------ reading
 

@@ -10,7 +10,7 @@ import asyncio
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from libs.checkpoint import tree_bytes
 from libs.errors import Busy, Conflict, NotFound
@@ -19,6 +19,9 @@ from libs.schemas.engine import OpenSession, SessionDescriptor, SessionInfo
 from services.engine_host.backends import Backend
 from services.engine_host.metrics import SessionStats
 from services.engine_host.scheduler import Task
+
+if TYPE_CHECKING:
+    from services.engine_host.journal import OutputJournal
 
 SID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # session ids become NATS subject tokens
 MAX_PENDING_INPUTS = 256
@@ -61,6 +64,7 @@ class Session:
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     checkpoint_key: str = ""
     origin: Origin = "opened"
+    journal: OutputJournal | None = None  # a fenced session's output gate (see journal.py); None: publish at once
 
     @property
     def sid(self) -> str:
@@ -94,6 +98,12 @@ class Session:
 
     def take_pending(self) -> list[Pending]:
         taken, self.pending = self.pending, []
+        return taken
+
+    def take_through(self, seq: int) -> list[Pending]:
+        """The waiting items up to `seq` (a regenerated block takes exactly what it took the first time)."""
+        n = sum(1 for p in self.pending if p.item.seq <= seq)
+        taken, self.pending = self.pending[:n], self.pending[n:]
         return taken
 
     def take_progress(self, d: SessionDescriptor, pending: list[Pending]) -> None:

@@ -19,7 +19,7 @@ from services.engine_host.lifecycle import InThread
 from services.engine_host.scheduler import Task
 from services.engine_host.session import Session, SessionTable
 
-Install = Callable[[str, dict, bytes], Awaitable[Session]]
+Install = Callable[..., Awaitable[Session]]  # (sid, tree, descriptor, *, gated) -> the installed session
 
 
 class Snapshots:
@@ -57,13 +57,14 @@ class Snapshots:
         return CheckpointRef(session_id=sid, key=key, location=m.location, total_bytes=m.total_bytes,
                              blocks_done=desc.blocks_done, consumed_seq=desc.consumed_seq)
 
-    async def restore(self, sid: str, key: str) -> None:
-        """Create the session from a checkpoint; input resumes after its consumed cursor."""
+    async def restore(self, sid: str, key: str, *, gated: bool = False) -> None:
+        """Create the session from a checkpoint; input resumes after its consumed cursor. The checkpoint's
+        descriptor says which block it captured (`blocks_done`): a replacement regenerates those after it."""
         store = self._store()
         if sid in self.sessions:
             raise Conflict(f"session {sid} is already open on {self.sessions.host_id}", session_id=sid)
         tree, desc = await store.get(key, self.device)
-        s = await self.install(sid, tree, desc)
+        s = await self.install(sid, tree, desc, gated=gated)
         s.checkpoint_key = key
 
     async def delete(self, key: str) -> None:

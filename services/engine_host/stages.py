@@ -27,6 +27,8 @@ class BlockJob:
     inputs: list[Any]  # the backend's parsed inputs this block folds in
     last_seq: int  # the session's consumed cursor once this block is done
     accepted_at: list[float]
+    tier: int = 0  # denoise steps it ran at (recorded, so a regenerated block runs at the same)
+    replayed: bool = False  # a regeneration of a block recorded in the journal
     carry: Any = None  # what one stage hands the next (the backend's own type)
     output: Output | None = None
     leaves: LeafSnapshot | None = None  # the state's tensor leaves as the block found them

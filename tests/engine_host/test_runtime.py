@@ -236,7 +236,7 @@ async def test_coalesced_batching_runs_same_shape_sessions_together():
     await rt.start()
     try:
         for i in range(4):
-            await rt.open(OpenSession(session_id=f"b{i}", backend="world", seed=i, determinism="T1"))
+            await rt.open(OpenSession(session_id=f"b{i}", backend="world", seed=i, determinism="T2"))
         await asyncio.gather(*(rt.advance(f"b{i}", 4) for i in range(4)))
         assert max(len(d.sids) for d in rt.sched.dispatched) > 1  # a batched quantum ran
         assert sum(len(d.sids) for d in rt.sched.dispatched) == 16  # and each block ran once
@@ -322,7 +322,7 @@ async def test_random_verb_interleavings_keep_the_runtime_consistent(seed):
             want = expected(op, sid)
             try:
                 if op == "open":
-                    await rt.open(OpenSession(session_id=sid, backend="world", seed=step, determinism="T1"))
+                    await rt.open(OpenSession(session_id=sid, backend="world", seed=step, determinism="T2"))
                     cursors[sid], status[sid] = 0, "running"
                     runs[sid] = runs.get(sid, 0) + 1
                 elif op == "input":
