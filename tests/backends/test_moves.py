@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from libs import bus, names
-from libs.checkpoint import trees_equal
+from libs.checkpoint import CheckpointStore, trees_equal
 from libs.errors import Conflict
 from libs.motion import inprocess
 from libs.motion.endpoint import MotionEndpoint
@@ -139,3 +139,24 @@ async def test_a_precopy_of_a_generating_session_resends_only_what_blocks_wrote(
     # a ring of 6 frames, 3 per block: what a round resends is below the whole state (a shift by clone: 1.0)
     assert all(f < 1.0 for f in r.rounds[1:]), r.rounds
     assert b.info("s").blocks_done > 3
+
+
+async def test_a_checkpoint_keeps_only_moved_leaves_and_a_restore_rebuilds_the_rest(nc, tmp_path):
+    store = CheckpointStore(await bus.ensure_object_store(nc.jetstream(), "ckpt_dit"), tmp_path / "ckpt")
+    a, b = (EngineRuntime("cpu", host_id=h, checkpoints=store) for h in ("a", "b"))
+    for rt in (a, b):
+        await rt.start()
+    try:
+        await a.open(OpenSession(session_id="s", backend="dit", seed=SEED, prompt="a field", tier=2,
+                                 session_class="C3"))
+        await a.advance("s", 5)  # the latent history (4 blocks) has wrapped
+        ref = await a.checkpoint("s")
+        assert ref.total_bytes == specs.tensor_bytes(a.backend("dit").state_spec(), "moved")
+        await b.restore("s", ref.key)
+        assert trees_equal(b.sessions.get("s").state, a.sessions.get("s").state)
+        for rt in (a, b):
+            await rt.advance("s", 2)
+        assert trees_equal(b.sessions.get("s").state, a.sessions.get("s").state)
+    finally:
+        for rt in (a, b):
+            await rt.stop()
