@@ -69,7 +69,10 @@ class Service:
     async def start(self) -> None:
         cfg = self.config
         self.nc = await bus.connect(cfg.nats_url, name=f"{self.name}:{self.instance}",
-                                    connect_timeout_s=cfg.nats_connect_timeout_s)
+                                    connect_timeout_s=cfg.nats_connect_timeout_s,
+                                    user=cfg.nats_user, password=cfg.nats_password,
+                                    tls=bus.tls_context(cfg.nats_tls_ca_file, cfg.nats_tls_cert_file,
+                                                        cfg.nats_tls_key_file))
         self.js = self.nc.jetstream()
         ttl = cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
         self._services_kv = await bus.ensure_kv(self.js, names.SERVICES_BUCKET, ttl_s=ttl,
@@ -79,7 +82,7 @@ class Service:
         await bus.serve(self.nc, self.ping_subject, Ping, self._on_ping, queue=self.ping_queue)
         await self._beat()
         self.spawn(self._heartbeat_loop(), "heartbeat")
-        self.log.info("service_started", nats_url=cfg.nats_url, version=VERSION)
+        self.log.info("service_started", nats_url=bus.redacted(cfg.nats_url), version=VERSION)
 
     async def stop(self) -> None:
         self._stopping.set()

@@ -14,8 +14,8 @@ from aiohttp import web
 
 from libs import bus, names
 from libs.config import BaseConfig, PositiveInt
-from libs.fence import session_log
-from libs.schemas.fence import CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
+from libs.fence import ownership, session_log
+from libs.schemas.fence import AssignRequest, CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
 from libs.service import Service
 from libs.telemetry import traced
 from services.fence.egress import Egress
@@ -58,7 +58,8 @@ class FenceService(Service):
                 ("fence.register", names.FENCE_REGISTER, RegisterRequest, self.sessions.register),
                 ("fence.meta", names.FENCE_META, MetaRequest, self.sessions.meta),
                 ("fence.checkpoint", names.FENCE_CHECKPOINT, CheckpointRequest, self.sessions.checkpoint),
-                ("fence.close", names.FENCE_CLOSE, CloseRequest, self.sessions.close)):
+                ("fence.close", names.FENCE_CLOSE, CloseRequest, self.sessions.close),
+                ("fence.assign", names.FENCE_ASSIGN, AssignRequest, self._assign)):
             await bus.serve(self.nc, subject, req_type, traced(span, handler, tracer_name="statefleet.fence"),
                             queue="fence")
         await self.nc.subscribe(names.FENCE_CLOSED, cb=self._on_closed)
@@ -72,6 +73,9 @@ class FenceService(Service):
         await site.start()
         self.http_port = self._runner.addresses[0][1]
         self.log.info("ingress_listening", host=cfg.http_host, port=self.http_port)
+
+    async def _assign(self, request: AssignRequest):
+        return await ownership.append_assign(self.nc, self.js, request)
 
     async def _on_closed(self, msg) -> None:
         session_id = msg.data.decode(errors="replace")
