@@ -1,4 +1,4 @@
-"""`statefleet` command line: up, serve, status, engines, admit-calc, session, nats-auth."""
+"""`statefleet` command line: up, serve, status, engines, backends, admit-calc, session, nats-auth."""
 
 from __future__ import annotations
 
@@ -53,6 +53,12 @@ def _engines(args: argparse.Namespace) -> int:
     return asyncio.run(print_engines(args.nats_url, host=args.host, as_json=args.json))
 
 
+def _backends(args: argparse.Namespace) -> int:
+    from statefleet.backends import print_backends
+
+    return asyncio.run(print_backends(args.nats_url, as_json=args.json))
+
+
 def _admit_calc(args: argparse.Namespace) -> int:
     from libs import admissibility as adm
 
@@ -99,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     engines.add_argument("--host", default="", help="only this engine host")
     engines.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     engines.set_defaults(func=_engines)
+
+    backends = sub.add_parser("backends", help="the backends each engine host can serve (from its heartbeat)")
+    backends.add_argument("--nats-url", default="", help="default: $SF_NATS_URL, ./var/nats.url, then :4222")
+    backends.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    backends.set_defaults(func=_backends)
 
     calc = sub.add_parser("admit-calc", help="admissibility of one state move (Worldline §4), as JSON")
     calc.add_argument("--state-bytes", type=float, required=True, help="state size S in bytes")

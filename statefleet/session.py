@@ -182,7 +182,7 @@ def add_parser(sub) -> None:
 
     s = verbs.add_parser("send", help="send one input item through fence's ingress")
     s.add_argument("session_id")
-    s.add_argument("--kind", default="text", choices=["text", "action", "json"])
+    s.add_argument("--kind", default="text", choices=["text", "action", "audio", "json"])
     s.add_argument("--data", required=True, help='JSON value (e.g. \'{"keys": ["w"]}\'); other text is a string')
     s.add_argument("--token", default="", help="default: the token `create` saved")
     s.add_argument("--ingress-url", default="", help="with --token: fence's ingress base URL")

@@ -10,6 +10,24 @@ from libs.session_classes import DeterminismTier, SessionClass
 
 SessionState = Literal["running", "suspended", "closing", "closed", "failed"]
 
+AUDIO_SAMPLE_RATE = 16000  # session init audio and `audio` input items: mono int16 little-endian PCM
+
+
+class RawImage(Msg):
+    """An image a session starts from: `rgb` is width·height·3 bytes, row-major, uint8."""
+
+    width: int
+    height: int
+    rgb: bytes
+
+
+class SessionInit(Msg):
+    """What a backend's `init_state` starts a session from, besides its seed."""
+
+    prompt: str = ""
+    image: RawImage | None = None
+    audio: bytes = b""  # AUDIO_SAMPLE_RATE mono int16 LE PCM
+
 
 class OpenSession(Msg):
     """`open`: create a session from a seed and prompt. Periodic classes (`session_classes.PERIODIC`)
@@ -24,6 +42,11 @@ class OpenSession(Msg):
     session_class: SessionClass = "C3"
     period_ms: float = 0.0  # release period of C1/C2 sessions (their deadline is the next release)
     determinism: DeterminismTier = "T0"  # T0 sessions are never coalesced into a batch (bitwise replay)
+    image: RawImage | None = None  # init inputs besides the prompt, for backends that start from them
+    audio: bytes = b""
+
+    def init(self) -> SessionInit:
+        return SessionInit(prompt=self.prompt, image=self.image, audio=self.audio)
 
 
 class SessionRef(Msg):
@@ -164,3 +187,5 @@ class SessionDescriptor(Msg):
     input_cursor: int
     consumed_seq: int
     pending: list[InputItem] = []  # accepted but not yet folded into the state (empty in checkpoints)
+    image: RawImage | None = None  # init inputs: the destination regenerates `static` leaves from them
+    audio: bytes = b""

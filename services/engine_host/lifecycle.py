@@ -69,7 +69,7 @@ class Lifecycle:
 
     async def open(self, spec: OpenSession, *, gated: bool = False) -> Session:
         backend = self.validate_open(spec)
-        state = await self.in_thread(backend.init_state, spec.seed, spec.prompt)
+        state = await self.in_thread(backend.init_state, spec.seed, spec.init())
         return await self.admit(spec, backend, state, gated=gated)
 
     async def admit(self, spec: OpenSession, backend: Backend, state: dict, *, gated: bool = False) -> Session:

@@ -33,7 +33,7 @@ from libs.service import VERSION, Service
 from libs.telemetry import traced
 from services.engine_host import profile
 from services.engine_host.assignments import Assignments
-from services.engine_host.backends import WorldConfig
+from services.engine_host.backends import Registry, WorldConfig
 from services.engine_host.runtime import EngineRuntime
 
 
@@ -56,6 +56,9 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     checkpoint_every_s: PositiveFloat = 10.0  # fenced sessions are checkpointed this often (for failover)
     orphan_grace_s: PositiveFloat = 5.0  # a copy assigned away and not moved is closed after this long
     data_bind: str = "127.0.0.1:0"  # the mover's TCP data plane (host:port; port 0 picks one)
+    # name -> "module:Class": serves a backend no distribution registers, or settles a name that
+    # two distributions register under `statefleet.backends` (otherwise a start-up error)
+    backend_sources: dict[str, str] = {}
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -111,8 +114,10 @@ class EngineHostService(Service):
         if cfg.world_state_bytes:
             configs["world"] = msgspec.msgpack.encode(WorldConfig.for_state_bytes(cfg.world_state_bytes))
         self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
-                                     backend_configs=configs, max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
+                                     backend_configs=configs, registry=Registry(cfg.backend_sources),
+                                     max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
                                      max_sessions=cfg.max_sessions)
+        self.backend_infos = await self.runtime.in_thread(self.runtime.backend_infos)
         self.profile = await self.runtime.in_thread(self._measure_profile)
         self.runtime.seed_costs(self.profile)
         await self.runtime.start()
@@ -146,8 +151,8 @@ class EngineHostService(Service):
 
     def _measure_profile(self) -> list[ProfileRow]:
         rows = []
-        for name in ("world", "avatar"):
-            rows += profile.measure(self.runtime.backend(name), blocks=self.config.profile_blocks)
+        for info in self.backend_infos:
+            rows += profile.measure(self.runtime.backend(info.name), blocks=self.config.profile_blocks)
         return rows
 
     @staticmethod
@@ -182,7 +187,8 @@ class EngineHostService(Service):
         entry = EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=total,
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
                             sessions=len(rt.sessions), profile=self.profile, busy_fraction=rt.busy_fraction(),
-                            state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr)
+                            state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
+                            backends=self.backend_infos)
         await self.engines_kv.put(self.host_id, encode(entry))
 
     async def teardown(self) -> None:

@@ -20,6 +20,7 @@ from libs.schemas.fence import ConsumedBlock
 from libs.telemetry import counter
 from services.engine_host import output as wire
 from services.engine_host.backends import Output
+from services.engine_host.backends.base import block_media_s
 from services.engine_host.costs import CostModel
 from services.engine_host.journal import Finished
 from services.engine_host.session import Rejected, Session
@@ -61,9 +62,9 @@ class OutputSink:
         s = job.session
         consumed = ConsumedBlock(block=s.blocks_done + 1, first_seq=s.consumed_seq + 1, last_seq=job.last_seq,
                                  tier=job.tier)
+        s.stats.output(now, job.accepted_at, stage_ms, block_media_s(s.backend, s.blocks_done))
         s.blocks_done += 1
         s.consumed_seq = job.last_seq
-        s.stats.output(now, job.accepted_at, stage_ms)
         if s.journal is not None:
             s.journal.add(Finished(consumed, job.output, job.replayed))
             if s.journal.backlog >= MAX_JOURNAL_BACKLOG:

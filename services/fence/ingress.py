@@ -1,7 +1,7 @@
 """Ingress: HTTP POST and WebSocket endpoints through which a frontend sends a session's control items.
 
     POST /v1/sessions/{session_id}/items        Authorization: Bearer <input token>
-         {"kind": "text" | "action" | "json", "data": <JSON>}  →  200 {"session_id", "seq"}
+         {"kind": "text" | "action" | "audio" | "json", "data": <JSON>}  (audio: base64 16 kHz s16le PCM)  →  200 {"session_id", "seq"}
     GET  /v1/sessions/{session_id}/ws           (WebSocket, same header, or the token in the first
          message: see libs/ws_auth.py) one item per text frame, each answered {"seq": n} or
          {"error": <problem>} in order; a bad frame does not close it.
@@ -45,7 +45,7 @@ WS_WINDOW = 64  # unanswered frames per WebSocket
 
 
 class Envelope(msgspec.Struct, forbid_unknown_fields=True):
-    kind: Literal["text", "action", "json"]
+    kind: Literal["text", "action", "audio", "json"]
     data: msgspec.Raw
     # The client's id for the item: a resend with an id among the session's recent items is
     # answered with the first copy's seq (and "duplicate": true) and not stored again.
@@ -54,8 +54,8 @@ class Envelope(msgspec.Struct, forbid_unknown_fields=True):
 
 _decoder = msgspec.json.Decoder(Envelope)
 _text = msgspec.json.Decoder(str)  # a text item's data: checked to be a JSON string by `_parse`
-# The first byte of the JSON value each kind must carry: text is a string, action/json an object.
-_EXPECTED_START = {"text": ord('"'), "action": ord("{"), "json": ord("{")}
+# The first byte of the JSON value each kind must carry: text/audio a string, action/json an object.
+_EXPECTED_START = {"text": ord('"'), "action": ord("{"), "audio": ord('"'), "json": ord("{")}
 
 
 class Ingress:
@@ -103,7 +103,7 @@ class Ingress:
                                   size=len(data), max_item_bytes=self.max_item_bytes)
         if not data or data[0] != _EXPECTED_START[env.kind]:
             raise errors.BadRequest(f"a {env.kind} item needs "
-                                    f"{'a JSON string' if env.kind == 'text' else 'a JSON object'}")
+                                    f"{'a JSON string' if env.kind in ('text', 'audio') else 'a JSON object'}")
         return env.kind, data, env.id or ""
 
     async def _check_bound(self, session_id: str) -> None:

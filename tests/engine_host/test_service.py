@@ -22,6 +22,7 @@ from libs.schemas.engine import (
     OutputChunk,
     RestoreSession,
     SessionInfo,
+    SessionInit,
     SessionMetrics,
     SessionRef,
     StatusRequest,
@@ -55,7 +56,12 @@ async def test_registers_with_measured_profile_and_load(host, nc):
     entry = decode((await kv.get("h1")).value, EngineEntry)
     assert entry.device == "cpu" and entry.memory_bytes > 0
     rows = {(r.backend, r.tier): r for r in entry.profile}
-    assert set(rows) == {("world", t) for t in (1, 2, 4)} | {("avatar", t) for t in (1, 2, 4, 8)}
+    assert set(rows) == ({("world", t) for t in (1, 2, 4)} | {("avatar", t) for t in (1, 2, 4, 8)}
+                         | {("dit", t) for t in (1, 2, 3, 4)})
+    assert {b.name for b in entry.backends} == {"world", "avatar", "dit"}
+    dit = next(b for b in entry.backends if b.name == "dit")
+    assert dit.rebuildable_bytes > 0 and dit.static_bytes > 0 and rows[("dit", 4)].moved_bytes == dit.moved_bytes
+    assert 0 < rows[("dit", 4)].dirty_bytes_per_block < dit.moved_bytes
     assert all(r.quantum_ms > 0 and r.block_ms >= r.quantum_ms and r.state_bytes > 0 for r in rows.values())
     await bus.request(nc, subject("open"), OpenSession(session_id="p", backend="avatar", seed=1,
                                                        session_class="C1", period_ms=400), SessionInfo)
@@ -90,7 +96,7 @@ async def test_session_verbs_and_output_chunks_over_nats(host, nc):
     await asyncio.sleep(0.1)
     # the frontend reassembles exactly what the backend computes locally for the same seed and input
     ref = AvatarBackend()
-    state = ref.init_state(5, "narrator")
+    state = ref.init_state(5, SessionInit(prompt="narrator"))
     expect = [advance(ref, state, [b"hello world"], 8), advance(ref, state, [], 8)]
     for block, out in enumerate(expect, 1):
         frames = assemble([c for c in got if c.block == block and c.kind == "frames"])
