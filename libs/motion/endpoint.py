@@ -247,6 +247,7 @@ class MotionEndpoint:
         slot = self.slots.pop(move_id, None)
         if slot is not None:
             self.tokens.pop(slot.token, None)
+            slot.release()
 
     async def _reap(self) -> None:
         while True:

@@ -104,14 +104,18 @@ class StagingPool:
         """A region of at least `nbytes` and a tensor over exactly `nbytes` of it; None when none fits."""
         need = round_up(max(nbytes, 1), ALIGN)
         self._sweep()
+        off = self._first_fit(need)
+        if off is None:
+            return None
+        return Region(self.fd, off, need, True), _view(self.mm, off, nbytes, lambda: self._released(off, need))
+
+    def _first_fit(self, need: int) -> int | None:
         with self.lock:
             for i, (off, n) in enumerate(self.free):
                 if n >= need:
                     self.free[i:i + 1] = [(off + need, n - need)] if n > need else []
-                    break
-            else:
-                return None
-        return Region(self.fd, off, need, True), _view(self.mm, off, nbytes, lambda: self._released(off, need))
+                    return off
+        return None
 
     def _sweep(self) -> None:
         """Return quarantined regions that no other process maps any more."""

@@ -161,6 +161,11 @@ class ShadowSlot:
         self.tensors, self.flats = [], []  # the staged bytes are dropped at once
         self.done.set()
 
+    def release(self) -> None:
+        """The endpoint is done with this slot (installed or dropped): it holds no staged memory any more,
+        so an installed state's memory is owned by the host alone and goes back to the pool with it."""
+        self.tensors, self.flats, self.verified = [], [], None
+
     async def verify(self, expected: Manifest, *, full: bool = True) -> VerifiedState:
         """Fingerprint the staged copy and bind it to `expected`, or fail the slot.
 
