@@ -20,8 +20,9 @@ import torch
 from bench.common import parser, table, write
 from libs.schemas.engine import OpenSession
 from services.engine_host.backends import WorldBackend, WorldConfig, advance
-from services.engine_host.pipeline import Item, Pipeline, Stage, Work
+from services.engine_host.pipeline import StagePipeline
 from services.engine_host.runtime import EngineRuntime
+from services.engine_host.work import Item, Stage, Work
 
 TIER = 2
 TARGET_OVERHEAD_MS = 0.2
@@ -71,13 +72,13 @@ async def pipeline_only_ms(blocks: int) -> float:
     async def sink(work: Work) -> None:
         done.set()
 
-    pipe = Pipeline([Stage(name, lambda w: None) for name in ("encode", "denoise", "decode")], sink)
+    pipe = StagePipeline([Stage(name, lambda w: None) for name in ("encode", "denoise", "decode")], sink)
     pipe.start()
     await pipe.open("p")
     t0 = time.perf_counter()
     for seq in range(blocks):
         done.clear()
-        await pipe.submit(Work(items=[Item(sid="p", seq=seq, epoch=0, data=None)]))
+        await pipe.submit(Work(items=[Item(sid="p", seq=seq, epoch=0, data=None)], meta=None))
         await done.wait()
     elapsed = (time.perf_counter() - t0) / blocks * 1000
     await pipe.close("p")
@@ -107,7 +108,7 @@ async def throughput(device: torch.device, max_batch: int, sessions: int, blocks
     await rt.start()
     try:
         for i in range(sessions):
-            await rt.open(OpenSession(session_id=f"b{i}", backend="world", seed=i, tier=TIER, determinism="T1"))
+            await rt.open(OpenSession(session_id=f"b{i}", backend="world", seed=i, tier=TIER, determinism="T2"))
         await asyncio.gather(*(rt.advance(f"b{i}", 2) for i in range(sessions)))
         t0 = time.perf_counter()
         await asyncio.gather(*(rt.advance(f"b{i}", blocks) for i in range(sessions)))

@@ -10,11 +10,14 @@ decision goes through `libs.fence.core` exactly as the service makes it; the
 log's compare-and-set is modelled by deciding against the view the append
 would find (what a lost CAS followed by a re-read amounts to).
 
-A sequence has a conflict if, at some log position, two incarnations hold the
-session (each concluding from the log that it may take input), or a release is
-applied by an incarnation that is not the current claimed owner (the latest
-assign's `(server_id, version)` with its own claim), or an owner applies items
-out of order. The same seeds run under both protocols.
+A sequence has a conflict if, at some log position, a claim is accepted for a
+`(server_id, version)` that is not the latest assign (a stale claim), or a
+release is accepted for one that is not the current claimed owner (the latest
+assign's `(server_id, version)` with its own claim: a stale release), whether or
+not any engine then acts on it; or two incarnations hold the session (each
+concluding from the log that it may take input); or a release is applied by an
+incarnation that is not the current claimed owner; or an owner applies items out
+of order. The same seeds run under both protocols.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from bench.common import parser, progress, table, write
 from libs.errors import StatefleetError
 from libs.fence import core
 from libs.schemas.common import InputItem
-from libs.schemas.fence import Owner, Release, SessionView
+from libs.schemas.fence import Claim, Owner, Release, SessionView
 
 SERVERS = ("s0", "s1", "s2")
 STEPS = 40
@@ -67,8 +70,12 @@ class Race:
         """The event lands (it was decided against `self.view`); check the invariants at the new position."""
         before = self.view
         self.view = core.apply(before, event)
+        truth = core.current_owner(before, "full")  # ground truth is the exact incarnation
+        if isinstance(event, Claim) and Owner(server_id=event.server_id, version=event.version) != before.owner:
+            self.conflicts.add("stale_claim")
         if isinstance(event, Release):
-            truth = core.current_owner(before, "full")  # ground truth is the exact incarnation
+            if Owner(server_id=event.server_id, version=event.version) != truth:
+                self.conflicts.add("stale_release")
             for inc in self.incarnations:
                 if inc.alive and inc.claimed and not inc.revoked and core.accepts(inc.owner, event, self.protocol):
                     if inc.owner != truth:

@@ -104,3 +104,16 @@ def move_receipt_subject(session_id: str) -> str:
 
 # KV: moves in flight (`MoveStarted`), so a restarted coordinator closes them out.
 MOVES_INFLIGHT_BUCKET = "sf_moves_inflight"
+
+
+# ---------------------------------------------------------------- exact recovery (issue 11, engine side)
+
+# Stream: the block journal, one subject per session holding `BlockEntry`s: which input items each
+# block consumed, written by the session's claimed owner before the block's output is published.
+# Fence provisions it; each claimed owner appends (compare-and-set); a replacement reads it.
+BLOCK_STREAM = "SF_BLOCKS"
+BLOCK_JOURNAL_SUBJECTS = "sf.blocks.>"
+
+
+def block_journal_subject(session_id: str) -> str:
+    return f"sf.blocks.{session_id}"

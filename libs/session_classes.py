@@ -31,6 +31,13 @@ _DEADLINE_ALLOWED = {"C2a", "C2b", "C3", "C4"}
 _REPLAY_TIERS = {"T0", "T1"}
 
 
+def coalescable(determinism: DeterminismTier) -> bool:
+    """Whether a session's blocks may share a batched forward with other sessions'. A batch's
+    composition is a scheduling accident that can change low bits, and T0/T1 promise the same
+    bits whatever the schedule (exact recovery regenerates blocks alone), so only T2 coalesces."""
+    return determinism not in _REPLAY_TIERS
+
+
 class Declared(Protocol):
     """The fields of a contract the class rules read (`libs.contracts.Contract` has them)."""
 

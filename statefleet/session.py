@@ -139,9 +139,12 @@ async def watch(args) -> int:
             pass
 
     async def on_output(chunk: OutputChunk) -> None:
+        # A block regenerated after a failover (`replayed`) that was shown already is dropped; one the
+        # dead host never got out is shown, marked.
         if chunk.block not in blocks and chunk.part == 0:
             blocks.add(chunk.block)
-            print(f"{time.strftime('%H:%M:%S')} block {chunk.block} {chunk.kind} {chunk.shape}", flush=True)
+            mark = " (replayed)" if chunk.replayed else ""
+            print(f"{time.strftime('%H:%M:%S')} block {chunk.block} {chunk.kind} {chunk.shape}{mark}", flush=True)
             if args.blocks and len(blocks) >= args.blocks:
                 done.set()
 

@@ -125,10 +125,11 @@ class EngineClient:
         _log.info("claimed", session_id=session_id, server_id=self.server_id, version=version, cursor=cursor)
         return lease
 
-    async def checkpoint(self, session_id: str, version: int, ref: str, cursor: int) -> SessionMeta:
-        """Record a new checkpoint of the session (only the claimed owner may)."""
+    async def checkpoint(self, session_id: str, version: int, ref: str, cursor: int, block: int = 0) -> SessionMeta:
+        """Record a new checkpoint of the session at `block`, reflecting item `cursor` (only the claimed
+        owner may; neither goes back)."""
         req = CheckpointRequest(session_id=session_id, server_id=self.server_id, version=version,
-                                ref=ref, cursor=cursor)
+                                ref=ref, cursor=cursor, block=block)
         return await bus.request(self.nc, names.FENCE_CHECKPOINT, req, SessionMeta)
 
     async def meta_kv(self) -> KeyValue:

@@ -39,6 +39,8 @@ async def provision(js: JetStreamContext, replicas: int = 1) -> None:
     await bus.ensure_stream(js, bus.StreamSpec(names.SESSION_STREAM, [names.SESSION_LOG_SUBJECTS],
                                                replicas=replicas))
     await bus.ensure_stream(js, bus.StreamSpec(names.INPUT_STREAM, [names.INPUT_SUBJECTS], replicas=replicas))
+    await bus.ensure_stream(js, bus.StreamSpec(names.BLOCK_STREAM, [names.BLOCK_JOURNAL_SUBJECTS],
+                                               replicas=replicas))
     await bus.ensure_kv(js, names.FENCE_META_BUCKET, replicas=replicas)
     await bus.ensure_kv(js, names.SESSIONS_BUCKET, replicas=replicas)
 

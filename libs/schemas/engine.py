@@ -133,6 +133,7 @@ class OutputChunk(Msg):
     part: int
     parts: int
     data: bytes
+    replayed: bool = False  # regenerated after a failover: a client that showed this block drops it
 
 
 class SessionDescriptor(Msg):

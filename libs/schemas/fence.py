@@ -97,6 +97,7 @@ class SessionMeta(SessionSpec):
     checkpoint_ref: str = ""  # where the owner's latest checkpoint lives ("" = replay from seed)
     checkpoint_cursor: int = 0  # the item seq that checkpoint reflects
     closed: bool = False
+    checkpoint_block: int = 0  # the block index that checkpoint captured (blocks after it are replayed)
     created_at: float = 0.0
 
 
@@ -124,6 +125,7 @@ class CheckpointRequest(Msg):
     version: int
     ref: str
     cursor: int
+    block: int = 0  # the block index the checkpoint captured
 
 
 class CloseRequest(Msg):
@@ -154,6 +156,27 @@ class Kick(Msg):
 class KickReply(Msg):
     session_id: str
     released: int  # the release cursor after the gateway pumped
+
+
+class ConsumedBlock(Msg, frozen=True, array_like=True):
+    """Block `block` of a session folded in exactly items `first_seq..last_seq` (none when
+    `first_seq == last_seq + 1`) at denoise tier `tier`: enough to regenerate it bit for bit."""
+
+    block: int
+    first_seq: int
+    last_seq: int
+    tier: int
+
+
+class BlockEntry(Msg):
+    """One record of the block journal (`sf.blocks.<sid>`), appended by the claimed owner
+    `(server_id, version)` with compare-and-set on the journal's tail. An entry without blocks is
+    a seal: the first write of a new owner, after which no older version can append."""
+
+    server_id: str
+    version: int
+    blocks: list[ConsumedBlock] = []
+    at: float = 0.0
 
 
 class AppliedCursor(Msg):

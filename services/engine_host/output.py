@@ -10,7 +10,8 @@ from services.engine_host.backends import Output
 MAX_CHUNK_BYTES = 512 * 1024  # NATS' default max_payload is 1 MiB; leave room for the envelope
 
 
-def chunks(session_id: str, block: int, out: Output, max_bytes: int = MAX_CHUNK_BYTES) -> list[OutputChunk]:
+def chunks(session_id: str, block: int, out: Output, max_bytes: int = MAX_CHUNK_BYTES, *,
+           replayed: bool = False) -> list[OutputChunk]:
     parts: list[OutputChunk] = []
     for kind, t in (("frames", out.frames), ("audio", out.audio)):
         if t is None:
@@ -18,7 +19,8 @@ def chunks(session_id: str, block: int, out: Output, max_bytes: int = MAX_CHUNK_
         raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         n = max(1, -(-len(raw) // max_bytes))
         parts += [OutputChunk(session_id=session_id, block=block, kind=kind, dtype=str(t.dtype).removeprefix("torch."),
-                              shape=list(t.shape), part=i, parts=n, data=raw[i * max_bytes:(i + 1) * max_bytes])
+                              shape=list(t.shape), part=i, parts=n, data=raw[i * max_bytes:(i + 1) * max_bytes],
+                              replayed=replayed)
                   for i in range(n)]
     return parts
 

@@ -237,19 +237,3 @@ class EdfScheduler:
             t.tier, t.slack_blocks = higher[0], 0
             t.tier_changes += 1
 
-
-@dataclass
-class RoundRobinScheduler(EdfScheduler):
-    """The baseline: ready sessions in turn, no deadlines, no guard band, no ladder."""
-
-    _last: str = ""
-
-    def pick(self, now: float) -> Dispatch | Idle:
-        self._release(now)
-        ready = sorted((t for t in self.tasks.values() if self._ready(t)), key=lambda t: t.sid)
-        if not ready:
-            return self._idle(now, False)
-        after = [t for t in ready if t.sid > self._last]
-        t = (after or ready)[0]
-        self._last = t.sid
-        return self._dispatch([t], t.tier, now)

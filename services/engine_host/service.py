@@ -30,10 +30,10 @@ from libs.schemas.engine import (
     StatusRequest,
 )
 from libs.service import VERSION, Service
-from libs.telemetry import tracer
+from libs.telemetry import traced
 from services.engine_host import profile
+from services.engine_host.assignments import Assignments
 from services.engine_host.backends import WorldConfig
-from services.engine_host.ownership import Ownership
 from services.engine_host.runtime import EngineRuntime
 
 
@@ -120,14 +120,15 @@ class EngineHostService(Service):
         for verb, req_type, handler in verbs:
             subject = names.engine_subject(self.host_id, verb)
             # Requests handled concurrently, so a long `advance` of one session never holds up another's.
-            await bus.serve(self.nc, subject, req_type, self._traced(verb, handler), concurrency=cfg.verb_concurrency)
+            traced_handler = traced(f"engine.{verb}", self._bounded(verb, handler), host_id=self.host_id)
+            await bus.serve(self.nc, subject, req_type, traced_handler, concurrency=cfg.verb_concurrency)
         self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind, staging_bytes=cfg.staging_pool_bytes)
         self.data_addr = await self.motion.start()
         fence = EngineClient(self.nc, self.js, self.host_id)
         await fence.start()
-        self.ownership = Ownership(fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
-                                   orphan_grace_s=cfg.orphan_grace_s)
-        self.spawn(self.ownership.run(), "ownership")
+        self.assignments = Assignments(fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
+                                       orphan_grace_s=cfg.orphan_grace_s)
+        self.spawn(self.assignments.run(), "assignments")
         self.log.info("engine_host_ready", host_id=self.host_id, device=str(self.device),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 
@@ -144,16 +145,15 @@ class EngineHostService(Service):
 
         return handler
 
-    def _traced(self, verb: str, handler: Callable[[Any], Awaitable[Msg]]) -> Callable[[Any], Awaitable[Msg]]:
+    def _bounded(self, verb: str, handler: Callable[[Any], Awaitable[Msg]]) -> Callable[[Any], Awaitable[Msg]]:
+        """The verb as a typed Timeout once it runs past `verb_timeout_s` (inside its span, so the
+        span records the timeout)."""
         async def run(req: Any) -> Msg:
-            with tracer().start_as_current_span(f"engine.{verb}") as span:
-                span.set_attribute("host_id", self.host_id)
-                span.set_attribute("session_id", getattr(req, "session_id", ""))
-                try:
-                    return await asyncio.wait_for(handler(req), self.config.verb_timeout_s)
-                except TimeoutError:
-                    raise Timeout(f"{verb} did not finish within {self.config.verb_timeout_s}s", verb=verb,
-                                  session_id=getattr(req, "session_id", "")) from None
+            try:
+                return await asyncio.wait_for(handler(req), self.config.verb_timeout_s)
+            except TimeoutError:
+                raise Timeout(f"{verb} did not finish within {self.config.verb_timeout_s}s", verb=verb,
+                              session_id=getattr(req, "session_id", "")) from None
 
         return run
 
@@ -171,7 +171,7 @@ class EngineHostService(Service):
         await self.engines_kv.put(self.host_id, encode(entry))
 
     async def teardown(self) -> None:
-        await self.ownership.stop()
+        await self.assignments.stop()
         await self.motion.stop()
         await self.runtime.stop()
         try:

@@ -84,10 +84,11 @@ class Sessions:
                                   server_id=req.server_id, version=req.version)
         for _ in range(bus.MAX_CAS_ATTEMPTS):
             meta, revision = await self._read(req.session_id)
-            if req.cursor < meta.checkpoint_cursor:
-                raise errors.Conflict(f"checkpoint cursor {req.cursor} is behind {meta.checkpoint_cursor}",
+            if req.cursor < meta.checkpoint_cursor or req.block < meta.checkpoint_block:
+                raise errors.Conflict(f"checkpoint (block {req.block}, cursor {req.cursor}) is behind "
+                                      f"(block {meta.checkpoint_block}, cursor {meta.checkpoint_cursor})",
                                       session_id=req.session_id)
-            meta.checkpoint_ref, meta.checkpoint_cursor = req.ref, req.cursor
+            meta.checkpoint_ref, meta.checkpoint_cursor, meta.checkpoint_block = req.ref, req.cursor, req.block
             if await self._write(meta, revision):
                 return meta
         raise errors.Conflict("checkpoint kept losing the race", session_id=req.session_id)

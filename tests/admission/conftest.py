@@ -54,7 +54,7 @@ async def fence(nats_server):
     svc = FenceService(FenceConfig(nats_url=nats_server.url, http_port=0, log_json=False))
     await svc.start()
     yield svc
-    if not svc._stopping.is_set():
+    if not svc.nc.is_closed:  # a test may have stopped it already
         await svc.stop()
 
 
@@ -70,7 +70,7 @@ async def start_admission(nats_server, fence):
 
     yield start
     for svc in started:
-        if not svc._stopping.is_set():
+        if not svc.nc.is_closed:
             await svc.stop()
 
 

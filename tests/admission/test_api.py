@@ -45,7 +45,7 @@ def create_body(**contract) -> CreateSession:
 async def sees(admission, hosts: int = 1) -> None:
     """Wait until admission's engine watch has delivered `hosts` live hosts."""
     async def seen():
-        return len(admission._live()) == hosts
+        return len(admission.fleet_view().hosts) == hosts
     await eventually(seen)
 
 

@@ -6,6 +6,7 @@ import aiohttp
 
 from libs.fence.ownership import read_owner
 from tests.admission.test_api import body, eventually, problem, sees
+from tests.fence.conftest import stored_items
 
 
 async def test_placed_session_is_registered_and_assigned_to_its_host(http, admission, fleet, fence):
@@ -28,16 +29,18 @@ async def test_placed_session_is_registered_and_assigned_to_its_host(http, admis
     async with aiohttp.ClientSession(f"http://127.0.0.1:{fence.http_port}") as ingress:
         ok = await ingress.post(f"/v1/sessions/{sid}/items", json={"kind": "text", "data": "hello"},
                                 headers={"Authorization": f"Bearer {token}"})
-        assert ok.status in (200, 202), await ok.text()
+        assert ok.status == 200, await ok.text()
+        assert await ok.json() == {"session_id": sid, "seq": 1}  # stored: acknowledged with its seq
         bad = await ingress.post(f"/v1/sessions/{sid}/items", json={"kind": "text", "data": "x"},
                                  headers={"Authorization": "Bearer wrong"})
         assert bad.status == 401
 
         assert (await http.delete(f"/v1/sessions/{sid}")).status == 204
-        closed = await ingress.post(f"/v1/sessions/{sid}/items", json={"kind": "text", "data": "late"},
-                                    headers={"Authorization": f"Bearer {token}"})
-        assert closed.status in (404, 409)
+        late = await ingress.post(f"/v1/sessions/{sid}/items", json={"kind": "text", "data": "late"},
+                                  headers={"Authorization": f"Bearer {token}"})
+        assert (await problem(late, 409))["code"] == "conflict"  # known session, closed: refused
     assert (await read_owner(admission.js, sid)).view.closed
+    assert [i.data for i in await stored_items(admission.js, sid)] == [b'"hello"']
 
 
 async def test_queued_session_gets_its_token_now_and_its_assignment_when_placed(http, admission, fleet):

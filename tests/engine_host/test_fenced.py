@@ -10,7 +10,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from libs import bus
+from libs import bus, names
 from libs.contracts import Contract
 from libs.fence.ownership import assign, read_owner
 from libs.schemas.fence import MetaRequest, RegisterReply, RegisterRequest, SessionMeta
@@ -40,7 +40,7 @@ async def fence(nats_server):
 async def register(nc, sid: str) -> str:
     req = RegisterRequest(session_id=sid, backend="avatar", seed=3, prompt="narrator",
                           contract=msgspec.msgpack.encode(CONTRACT), tier=1)
-    return (await bus.request(nc, "sf.fence.register", req, RegisterReply)).token
+    return (await bus.request(nc, names.FENCE_REGISTER, req, RegisterReply)).token
 
 
 async def eventually(fn, timeout_s: float = 20.0):
@@ -51,12 +51,14 @@ async def eventually(fn, timeout_s: float = 20.0):
     raise AssertionError("condition not reached")
 
 
-async def post_items(fence: FenceService, sid: str, token: str, texts: list[str]) -> None:
+async def post_items(fence: FenceService, sid: str, token: str, texts: list[str], *, first_seq: int) -> None:
+    """Post each item; each is stored durably as the session's next seq before the answer comes."""
     async with aiohttp.ClientSession(f"http://127.0.0.1:{fence.http_port}") as http:
-        for text in texts:
+        for seq, text in enumerate(texts, start=first_seq):
             async with http.post(f"/v1/sessions/{sid}/items", json={"kind": "text", "data": text},
                                  headers={"Authorization": f"Bearer {token}"}) as resp:
-                assert resp.status in (200, 202), await resp.text()
+                assert resp.status == 200, await resp.text()
+                assert await resp.json() == {"session_id": sid, "seq": seq}
 
 
 async def claimed_by(js, sid: str, host_id: str) -> bool:
@@ -70,10 +72,10 @@ async def test_assigned_session_is_claimed_and_takes_only_fenced_input(nats_serv
         token = await register(nc, "s1")
         await assign(nc, nc.jetstream(), "s1", "h1")
         await eventually(lambda: claimed_by(nc.jetstream(), "s1", "h1"))
-        await post_items(fence, "s1", token, [f"line {i}" for i in range(1, 6)])
+        await post_items(fence, "s1", token, [f"line {i}" for i in range(1, 6)], first_seq=1)
 
         async def consumed():
-            return "s1" in host.runtime.sessions and host.runtime.info("s1").consumed_seq == 5
+            return host.runtime.holds("s1") and host.runtime.info("s1").consumed_seq == 5
 
         await eventually(consumed)
         assert host.runtime.info("s1").input_cursor == 5
@@ -89,32 +91,31 @@ async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats
         token = await register(nc, "s2")
         await assign(nc, js, "s2", "h1")
         await eventually(lambda: claimed_by(js, "s2", "h1"))
-        await post_items(fence, "s2", token, [json.dumps(i) for i in range(1, 6)])
+        await post_items(fence, "s2", token, [json.dumps(i) for i in range(1, 6)], first_seq=1)
 
         async def checkpointed():
-            meta = await bus.request(nc, "sf.fence.meta", MetaRequest(session_id="s2"), SessionMeta)
+            meta = await bus.request(nc, names.FENCE_META, MetaRequest(session_id="s2"), SessionMeta)
             return meta if meta.checkpoint_cursor == 5 else None
 
         meta = await eventually(checkpointed)
         assert meta.checkpoint_ref
 
         # h1 "dies": its bus connection goes, its sessions with it (nothing is handed over).
-        await h1.ownership.stop()
+        await h1.assignments.stop()
         await h1.nc.close()
-        await post_items(fence, "s2", token, [json.dumps(i) for i in range(6, 9)])  # wait, durably
-        meta = await bus.request(nc, "sf.fence.meta", MetaRequest(session_id="s2"), SessionMeta)
+        await post_items(fence, "s2", token, [json.dumps(i) for i in range(6, 9)], first_seq=6)
+        meta = await bus.request(nc, names.FENCE_META, MetaRequest(session_id="s2"), SessionMeta)
         await assign(nc, js, "s2", "h2")
         await eventually(lambda: claimed_by(js, "s2", "h2"))
 
         async def caught_up():
             rt = h2.runtime
-            return "s2" in rt.sessions and rt.info("s2").consumed_seq == 8
+            return rt.holds("s2") and rt.info("s2").consumed_seq == 8
 
         await eventually(caught_up)
         # the runtime refuses gaps and duplicates, so a cursor of 8 means items 6..8 came exactly once
         assert h2.runtime.info("s2").input_cursor == 8
-        assert h2.runtime.sessions["s2"].checkpoint_key == meta.checkpoint_ref  # restored, not replayed
+        assert h2.runtime.sessions.get("s2").checkpoint_key == meta.checkpoint_ref  # restored, not replayed
     finally:
         await h2.stop()
-        h1._stopping.set()
         await h1.runtime.stop()

@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.errors import Conflict, Internal, NotFound
-from services.engine_host.pipeline import Item, Pipeline, Stage, Work
+from services.engine_host.pipeline import StagePipeline
+from services.engine_host.work import Item, Stage, Work
 
 
 def work(sid: str, seq: int, value=None) -> Work:
-    return Work(items=[Item(sid=sid, seq=seq, epoch=0, data=value if value is not None else [])])
+    return Work(items=[Item(sid=sid, seq=seq, epoch=0, data=value if value is not None else [])], meta=None)
 
 
 def tagging(name: str, delay_s: float = 0.0):
@@ -36,7 +37,7 @@ async def test_interleaved_sessions_keep_their_order_and_are_served_fairly():
     async def sink(w: Work) -> None:
         seen.extend((it.sid, it.seq, it.data) for it in w.items)
 
-    pipe = Pipeline([tagging("a"), tagging("b", 0.0005), tagging("c")], sink, edge_capacity=3)
+    pipe = StagePipeline([tagging("a"), tagging("b", 0.0005), tagging("c")], sink, edge_capacity=3)
     pipe.start()
     sids = [f"s{i}" for i in range(4)]
     for sid in sids:
@@ -92,7 +93,7 @@ async def test_each_stage_has_one_owner_at_a_time_and_a_lone_block_stays_on_one_
     async def sink(w: Work) -> None:
         done.set()
 
-    pipe = Pipeline([stage("a"), stage("b"), stage("c")], sink, edge_capacity=2)
+    pipe = StagePipeline([stage("a"), stage("b"), stage("c")], sink, edge_capacity=2)
     pipe.start()
     await pipe.open("lone")
     for seq in range(5):  # one block at a time, nothing else waiting: carried through on one thread
@@ -127,7 +128,7 @@ async def test_backpressure_bounds_memory_under_a_slow_consumer():
         await sink_gate.wait()
         await asyncio.sleep(0.001)
 
-    pipe = Pipeline([tagging("a"), tagging("b")], sink, edge_capacity=cap)
+    pipe = StagePipeline([tagging("a"), tagging("b")], sink, edge_capacity=cap)
     pipe.start()
     await pipe.open("s")
 
@@ -164,7 +165,7 @@ async def test_cancel_drops_queued_work_and_releases_every_slot():
     async def sink(w):
         out.extend(it.seq for it in w.items)
 
-    pipe = Pipeline([stage("enc"), stage("den"), stage("dec")], sink, edge_capacity=4)
+    pipe = StagePipeline([stage("enc"), stage("den"), stage("dec")], sink, edge_capacity=4)
     pipe.start()
     await pipe.open("s")
     await pipe.open("t")
@@ -192,7 +193,7 @@ async def test_actor_failure_fails_only_that_work_and_cleans_up():
     async def sink(w):
         results.extend((it.sid, it.error) for it in w.items)
 
-    pipe = Pipeline([tagging("a"), Stage("flaky", flaky), tagging("c")], sink)
+    pipe = StagePipeline([tagging("a"), Stage("flaky", flaky), tagging("c")], sink)
     pipe.start()
     await pipe.open("bad")
     await pipe.open("good")
@@ -215,7 +216,7 @@ async def test_cleanup_failure_is_counted_and_the_slot_never_reused():
     async def sink(w):
         pass
 
-    pipe = Pipeline([Stage("a", lambda w: None), Stage("b", lambda w: None, release=bad_release)], sink)
+    pipe = StagePipeline([Stage("a", lambda w: None), Stage("b", lambda w: None, release=bad_release)], sink)
     pipe.start()
     await pipe.open("s")
     await pipe.submit(work("s", 0))
@@ -237,7 +238,7 @@ async def test_duplicates_gaps_and_orphans_are_counted_and_dropped():
     async def sink(w):
         out.extend((it.sid, it.seq) for it in w.items)
 
-    pipe = Pipeline([tagging("a")], sink)
+    pipe = StagePipeline([tagging("a")], sink)
     pipe.start()
     await pipe.open("s")
     for seq in (0, 0, 1, 3, 2):
@@ -278,7 +279,7 @@ async def _random_run(ops, fail_every, edge):
             seen.setdefault((it.sid, it.epoch), []).append(it.seq)
         await asyncio.sleep(0)
 
-    pipe = Pipeline([tagging("a"), Stage("flaky", maybe_fail), tagging("c")], sink, edge_capacity=edge)
+    pipe = StagePipeline([tagging("a"), Stage("flaky", maybe_fail), tagging("c")], sink, edge_capacity=edge)
     pipe.start()
     next_seq: dict[str, int] = {}
     submitted: dict[tuple[str, int], int] = {}
@@ -320,7 +321,7 @@ async def test_a_second_concurrent_submit_for_a_session_is_refused():
     async def sink(w):
         await gate.wait()
 
-    pipe = Pipeline([tagging("a")], sink, edge_capacity=1)
+    pipe = StagePipeline([tagging("a")], sink, edge_capacity=1)
     pipe.start()
     await pipe.open("s")
     seq = 0
@@ -374,7 +375,7 @@ async def _burst_run(rng: random.Random, sids: list[str], *, blocks: int, edge: 
         for it in w.items:
             seen.setdefault(it.sid, []).append((it.seq, it.data))
 
-    pipe = Pipeline([stage("a"), stage("b"), stage("c")], sink, edge_capacity=edge)
+    pipe = StagePipeline([stage("a"), stage("b"), stage("c")], sink, edge_capacity=edge)
     pipe.start()
     for sid in sids:
         await pipe.open(sid)

@@ -13,7 +13,7 @@ from libs.checkpoint import clone_tree, trees_equal
 from libs.errors import BadRequest, Busy, Conflict, NotFound, SchemaError
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
-from libs.schemas.engine import OpenSession, OutputChunk, SessionDescriptor
+from libs.schemas.engine import OpenSession, OutputChunk, SessionDescriptor, SessionInfo
 from services.engine_host.output import assemble
 from services.engine_host.runtime import EngineRuntime
 
@@ -96,7 +96,8 @@ async def test_open_rejects_bad_requests(runtime):
 
 
 async def test_same_seed_and_inputs_give_identical_outputs_across_runtimes(runtime):
-    other = EngineRuntime("cpu", publish=Outputs())
+    other_out = Outputs()
+    other = EngineRuntime("cpu", publish=other_out)
     await other.start()
     try:
         for rt in (runtime, other):
@@ -105,7 +106,7 @@ async def test_same_seed_and_inputs_give_identical_outputs_across_runtimes(runti
             await rt.advance("av", 2)
             await rt.apply_input(text("av", 2, "and goodbye"))
             await rt.advance("av", 1)
-        a, b = runtime.outputs.frames("av"), other.publish.frames("av")
+        a, b = runtime.outputs.frames("av"), other_out.frames("av")
         assert len(a) == 3 and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
         assert trees_equal(runtime.state_tree("av"), other.state_tree("av"))
     finally:
@@ -133,7 +134,8 @@ async def test_suspend_resume_is_bit_exact(runtime):
 
 
 async def test_mover_endpoint_moves_state_bit_exactly(runtime):
-    dest = EngineRuntime("cpu", host_id="h2", publish=Outputs())
+    dest_out = Outputs()
+    dest = EngineRuntime("cpu", host_id="h2", publish=dest_out)
     await dest.start()
     try:
         await runtime.open(OpenSession(session_id="m", backend="world", seed=3, prompt="cave"))
@@ -153,7 +155,7 @@ async def test_mover_endpoint_moves_state_bit_exactly(runtime):
         for rt in (runtime, dest, other):
             await rt.apply_input(action("m", 3, keys=("d", "space")))
             await rt.advance("m", 3)
-        src_frames, dst_frames = runtime.outputs.frames("m")[2:], dest.publish.frames("m")
+        src_frames, dst_frames = runtime.outputs.frames("m")[2:], dest_out.frames("m")
         assert len(dst_frames) == 3 and all(torch.equal(x, y) for x, y in zip(src_frames, dst_frames, strict=True))
         assert trees_equal(runtime.state_tree("m"), dest.state_tree("m"))
         assert not trees_equal(runtime.state_tree("m"), other.state_tree("m"))
@@ -178,7 +180,7 @@ async def test_install_state_rejects_mismatched_trees_and_descriptors(runtime):
                       (tree, b"junk", SchemaError), (tree, desc, BadRequest)]:
         with pytest.raises(err):
             await dest.install_state("y" if d == desc and t is tree else "x", t, d)
-    assert dest.sessions == {}
+    assert dest.status().sessions == []
     # installing over a live session swaps its state at a block boundary
     await runtime.advance("x", 1)
     await runtime.install_state("x", tree, desc)
@@ -204,7 +206,7 @@ async def test_block_boundary_holds_off_blocks(runtime):
 async def test_backend_that_raises_mid_block_fails_only_its_session(runtime, monkeypatch):
     await runtime.open(OpenSession(session_id="ok", backend="world", seed=1))
     await runtime.open(OpenSession(session_id="bad", backend="avatar", seed=1))
-    backend = runtime.sessions["bad"].backend
+    backend = runtime.backend("avatar")  # the one instance the host's avatar sessions share
     real = backend.denoise_batch
 
     def boom(states, carries, steps):
@@ -215,7 +217,7 @@ async def test_backend_that_raises_mid_block_fails_only_its_session(runtime, mon
         await runtime.advance("bad", 1)
     monkeypatch.setattr(backend, "denoise_batch", real)
     for _ in range(50):
-        if "bad" not in runtime.sessions:
+        if not runtime.holds("bad"):
             break
         await asyncio.sleep(0.01)
     with pytest.raises(NotFound, match="failed"):
@@ -230,12 +232,14 @@ async def test_backend_that_raises_mid_block_fails_only_its_session(runtime, mon
 
 async def test_coalesced_batching_runs_same_shape_sessions_together():
     rt = EngineRuntime("cpu", publish=Outputs(), max_batch=4, max_in_flight=1)
+    rt.sched.record = True
     await rt.start()
     try:
         for i in range(4):
-            await rt.open(OpenSession(session_id=f"b{i}", backend="world", seed=i, determinism="T1"))
+            await rt.open(OpenSession(session_id=f"b{i}", backend="world", seed=i, determinism="T2"))
         await asyncio.gather(*(rt.advance(f"b{i}", 4) for i in range(4)))
-        assert any(n > 1 for (_, _, n) in rt._costs)  # a batched quantum ran and was measured
+        assert max(len(d.sids) for d in rt.sched.dispatched) > 1  # a batched quantum ran
+        assert sum(len(d.sids) for d in rt.sched.dispatched) == 16  # and each block ran once
         assert all(rt.info(f"b{i}").blocks_done == 4 for i in range(4))
     finally:
         await rt.stop()
@@ -260,54 +264,95 @@ async def test_session_and_input_limits():
 @pytest.mark.parametrize("seed", range(4))
 async def test_random_verb_interleavings_keep_the_runtime_consistent(seed):
     """Random concurrent inputs, advances, suspends/resumes, boundary holds and close/reopen on three
-    sessions: every verb either works or fails typed, every accepted input is folded into exactly one
-    block, and nothing is left in flight or holding a slot."""
+    sessions: each awaited verb has exactly the outcome a model of the sessions' states predicts,
+    every accepted input is folded into exactly one block, and nothing is left in flight or holding
+    a slot."""
     import random
 
     rng = random.Random(seed)
     rt = EngineRuntime("cpu", publish=Outputs(), max_batch=rng.choice([1, 4]))
     await rt.start()
     cursors = {}
-    tasks: list[asyncio.Task] = []
+    status: dict[str, str] = {}  # the model: "running" or "suspended"; absent when not open
+    runs: dict[str, int] = {}  # how often each id was opened: an advance belongs to one run
+    closed: set[tuple[str, int]] = set()
+    advances: list[tuple[tuple[str, int], asyncio.Task]] = []
+    holds: list[asyncio.Task] = []
 
     async def hold(sid: str) -> None:
         async with rt.block_boundary(sid):
             await asyncio.sleep(rng.random() * 0.01)
 
+    async def closes_its_advances(run: tuple[str, int]) -> None:
+        """A close leaves none of its session's advances waiting: each has its blocks or is told."""
+        tasks = [task for r, task in advances if r == run]
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        for task in tasks:
+            assert task.done()
+            e = task.exception()
+            assert e is None or isinstance(e, Conflict) and "was closed" in e.detail, e
+        closed.add(run)
+
+    def expected(op: str, sid: str) -> type[Exception] | None:
+        state = status.get(sid)
+        if op == "open":
+            return Conflict if state else None
+        if state is None:
+            return NotFound
+        if op == "suspend":
+            return None if state == "running" else Conflict
+        if op == "resume":
+            return None if state == "suspended" else Conflict
+        return None  # input and close work on an open session, suspended or not
+
     try:
         for step in range(60):
             sid = f"r{rng.randrange(3)}"
             op = rng.choice(["open", "input", "input", "advance", "advance", "suspend", "resume", "hold", "close"])
+            if op == "advance":
+                if status.get(sid) == "running":
+                    advances.append(((sid, runs[sid]), asyncio.create_task(rt.advance(sid, rng.randint(1, 3)))))
+                    await asyncio.sleep(0)  # it is accepted (and waits for its blocks) before the next verb
+                continue
+            if op == "hold":
+                if sid in status:
+                    holds.append(asyncio.create_task(hold(sid)))
+                continue
+            want = expected(op, sid)
             try:
                 if op == "open":
-                    await rt.open(OpenSession(session_id=sid, backend="world", seed=step, determinism="T1"))
-                    cursors[sid] = 0
+                    await rt.open(OpenSession(session_id=sid, backend="world", seed=step, determinism="T2"))
+                    cursors[sid], status[sid] = 0, "running"
+                    runs[sid] = runs.get(sid, 0) + 1
                 elif op == "input":
                     cursors[sid] = await rt.apply_input(action(sid, cursors.get(sid, 0) + 1))
-                elif op == "advance":
-                    tasks.append(asyncio.create_task(rt.advance(sid, rng.randint(1, 3))))
                 elif op == "suspend":
                     await rt.suspend(sid)
+                    status[sid] = "suspended"
                 elif op == "resume":
                     await rt.resume(sid)
-                elif op == "hold":
-                    tasks.append(asyncio.create_task(hold(sid)))
+                    status[sid] = "running"
                 else:
                     await rt.close(sid, drain=rng.random() < 0.5)
-            except (NotFound, Conflict):
-                pass
+                    del status[sid]
+                    await closes_its_advances((sid, runs[sid]))
+                got = None
+            except (NotFound, Conflict) as e:
+                got = type(e)
+            assert got is want, f"step {step}: {op} {sid} in {status.get(sid)} gave {got}, not {want}"
             await asyncio.sleep(rng.random() * 0.003)
-        for sid in list(rt.sessions):
-            if rt.info(sid).state == "suspended":
-                await rt.resume(sid)
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        assert all(r is None or isinstance(r, (Conflict, NotFound)) or hasattr(r, "blocks_done") for r in results)
-        for sid in list(rt.sessions):
+        for sid in [s for s, st in status.items() if st == "suspended"]:
+            await rt.resume(sid)
+        await asyncio.gather(*holds)  # a hold always ends (a closed session's too)
+        for run, task in advances:
+            if run not in closed:  # its session stayed open: it finishes its blocks
+                assert isinstance(await task, SessionInfo)
+        for sid in status:
             await rt.advance(sid, 1)  # folds whatever is still pending
             info = rt.info(sid)
             assert info.consumed_seq == info.input_cursor == cursors[sid]
-            assert rt.sessions[sid].pending == [] and not rt.sessions[sid].busy
-        assert rt._in_flight == 0
+        assert rt.dispatcher.in_flight == 0
         assert all(v == 0 for v in rt.pipeline.in_flight.values())
     finally:
         await rt.stop()

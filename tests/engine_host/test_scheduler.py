@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.engine_host.scheduler import Dispatch, EdfScheduler, Idle, RoundRobinScheduler, Task
+from services.engine_host.scheduler import Dispatch, EdfScheduler, Idle, Task
 
 COSTS = {"c1": 0.010, "bulk": 0.030, "c2": 0.008}
+
+
+@dataclass
+class RoundRobinScheduler(EdfScheduler):
+    """The baseline EDF is compared with: ready sessions in turn, no deadlines, no guard band, no ladder."""
+
+    _last: str = ""
+
+    def pick(self, now: float) -> Dispatch | Idle:
+        self._release(now)
+        ready = sorted((t for t in self.tasks.values() if self._ready(t)), key=lambda t: t.sid)
+        if not ready:
+            return self._idle(now, False)
+        after = [t for t in ready if t.sid > self._last]
+        t = (after or ready)[0]
+        self._last = t.sid
+        return self._dispatch([t], t.tier, now)
 
 
 def cost(shape: str, tier: int, n: int) -> float:

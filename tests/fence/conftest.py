@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from libs import bus, names
+from libs import bus, errors, names
 from libs.fence.client import EngineClient, Lease
 from libs.schemas.common import InputItem
 from libs.schemas.fence import RegisterReply, RegisterRequest
@@ -83,7 +83,7 @@ class ToyEngine:
             if self.checkpoint_every and item.seq % self.checkpoint_every == 0:
                 ref = f"{self.client.server_id}:{lease.session_id}:{item.seq}"
                 self.checkpoints[ref] = list(applied)
-                with contextlib.suppress(Exception):  # a revoked owner's checkpoint is refused: fine
+                with contextlib.suppress(errors.Conflict):  # a revoked owner's checkpoint is refused: fine
                     await self.client.checkpoint(lease.session_id, lease.owner.version, ref, item.seq)
         await lease.report_applied(applied[-1] if applied else lease.cursor)
 

@@ -1,52 +1,122 @@
-"""Property tests of the pure decision core: arbitrary attempts, invariants checked after every step."""
+"""Property tests of the pure decision core: a state machine checks every decision near each log position
+against the rules, and the invariants after every step; the race harness is checked to see a broken core."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from bench import fence_race
-from libs.errors import BadRequest, Conflict, StatefleetError
+from libs.errors import BadRequest, Conflict
 from libs.fence import core
 from libs.schemas.common import InputItem
 from libs.schemas.fence import Assign, Claim, Close, Owner, Release, SessionView
 
-servers = st.sampled_from(["a", "b", "c"])
-versions = st.integers(min_value=-1, max_value=8)
-attempts = st.one_of(
-    st.tuples(st.just("assign"), servers, versions),
-    st.tuples(st.just("claim"), servers, versions, st.integers(min_value=-1, max_value=6)),
-    st.tuples(st.just("release"), servers, versions, st.integers(min_value=0, max_value=8), st.integers(1, 3)),
-    st.tuples(st.just("close")),
-)
+SERVERS = ("a", "b", "c")
+# Mostly the right server, version and seq, often one or two off. "owner" is the latest assign's server.
+servers = st.sampled_from(("owner", "owner", *SERVERS))
+near = st.sampled_from((0, 0, 0, -1, 1, -2, 2))
 
 
-def attempt(view: SessionView, a: tuple):
-    if a[0] == "assign":
-        return core.decide_assign(view, a[1], a[2])
-    if a[0] == "claim":
-        return core.decide_claim(view, a[1], a[2], a[3])
-    if a[0] == "release":
-        items = [InputItem(session_id="p", seq=a[3] + i, kind="text", data=b'"x"') for i in range(a[4])]
-        return core.decide_release(view, Owner(server_id=a[1], version=a[2]), items)
-    return core.decide_close(view)
+# ---------------------------------------------------------------- the rules, stated independently of the core
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.lists(attempts, max_size=40))
-def test_invariants_hold_after_every_step(seq):
-    view = core.EMPTY
-    log: list[tuple] = []  # (event, view before)
-    for a in seq:
-        try:
-            event = attempt(view, a)
-        except StatefleetError as e:
-            assert isinstance(e, (Conflict, BadRequest))  # typed, and the view is untouched
-            continue
-        log.append((event, view))
-        view = core.apply(view, event)
-        check(log, view)
+def latest(view: SessionView) -> int:
+    return view.owner.version if view.owner else 0
+
+
+def may_assign(view: SessionView, version: int) -> bool:
+    return not view.closed and version == latest(view) + 1
+
+
+def may_claim(view: SessionView, me: Owner, cursor: int) -> bool:
+    return not view.closed and cursor >= 0 and me == view.owner and view.claim is None
+
+
+def may_release(view: SessionView, to: Owner, first: int) -> bool:
+    """Only to the latest assign's exact `(server_id, version)` once it claimed, from right after the cursor."""
+    claimed = view.claim is not None and view.claim == view.owner
+    return not view.closed and claimed and to == view.claim and first == view.released + 1
+
+
+def items_from(first: int, n: int) -> list[InputItem]:
+    return [InputItem(session_id="p", seq=first + i, kind="text", data=b'"x"') for i in range(n)]
+
+
+def decides(allowed: bool, decide, *args):
+    """The event `decide(*args)` returns, or None if it refused (with a typed error); either must match
+    `allowed`."""
+    try:
+        event = decide(*args)
+    except (Conflict, BadRequest):
+        assert not allowed, "the core refused a decision the rules allow"
+        return None
+    assert allowed, f"the core accepted {event!r}, which the rules forbid"
+    return event
+
+
+class FenceCore(RuleBasedStateMachine):
+    """Histories of one session built from attempts near the valid ones. At every position the core must
+    decide every nearby assign, claim and release exactly as the rules above say, and the invariants must
+    hold after every appended event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.view = core.EMPTY
+        self.log: list[tuple] = []  # (event, view before)
+
+    def server(self, who: str) -> str:
+        if who == "owner":
+            return self.view.owner.server_id if self.view.owner else SERVERS[0]
+        return who
+
+    def attempt(self, allowed: bool, decide, *args) -> None:
+        before = self.view
+        event = decides(allowed, decide, before, *args)
+        if event is not None:
+            self.log.append((event, before))
+            self.view = core.apply(before, event)
+            check(self.log, self.view)
+
+    @rule(who=servers, delta=near)
+    def assign(self, who: str, delta: int) -> None:
+        server, version = self.server(who), latest(self.view) + 1 + delta
+        self.attempt(may_assign(self.view, version), core.decide_assign, server, version)
+
+    @rule(who=servers, delta=near, cursor=st.integers(min_value=-1, max_value=6))
+    def claim(self, who: str, delta: int, cursor: int) -> None:
+        me = Owner(server_id=self.server(who), version=latest(self.view) + delta)
+        self.attempt(may_claim(self.view, me, cursor), core.decide_claim, me.server_id, me.version, cursor)
+
+    @rule(who=servers, delta=near, skip=near, n=st.integers(1, 3))
+    def release(self, who: str, delta: int, skip: int, n: int) -> None:
+        to = Owner(server_id=self.server(who), version=latest(self.view) + delta)
+        first = self.view.released + 1 + skip
+        self.attempt(may_release(self.view, to, first), core.decide_release, to, items_from(first, n))
+
+    @rule(roll=st.integers(min_value=0, max_value=15))
+    def close(self, roll: int) -> None:
+        if roll == 0:  # a close ends the session's history: keep it rare so histories grow deep
+            self.attempt(not self.view.closed, core.decide_close)
+
+    @invariant()
+    def every_nearby_decision_follows_the_rules(self) -> None:
+        """The core is pure, so every candidate near this position can be tried without appending it."""
+        view = self.view
+        for server in SERVERS:
+            for version in range(latest(view) - 1, latest(view) + 3):
+                me = Owner(server_id=server, version=version)
+                decides(may_assign(view, version), core.decide_assign, view, server, version)
+                for cursor in (-1, 0, view.released):
+                    decides(may_claim(view, me, cursor), core.decide_claim, view, server, version, cursor)
+                for first in (view.released, view.released + 1, view.released + 2):
+                    decides(may_release(view, me, first), core.decide_release, view, me, items_from(first, 2))
+
+
+FenceCore.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestFenceCore = FenceCore.TestCase
 
 
 def check(log, view: SessionView) -> None:
@@ -66,7 +136,7 @@ def check(log, view: SessionView) -> None:
         assert [i.seq for i in event.items] == list(range(before.released + 1, before.released + 1 +
                                                           len(event.items)))
     # At most one incarnation is authorized at any position; nothing after a close.
-    holders = {Owner(server_id=s, version=v) for s in "abc" for v in range(1, 9)
+    holders = {Owner(server_id=s, version=v) for s in SERVERS for v in range(1, len(assigns) + 2)
                if core.authorized(Owner(server_id=s, version=v), view)}
     assert len(holders) <= 1
     assert holders <= ({view.claim} if view.claim else set())
@@ -119,3 +189,26 @@ def test_race_harness_catches_a_release_check_that_ignores_the_version(monkeypat
                         lambda view, to, items, input_pos=0, protocol="full": real(view, to, items, input_pos,
                                                                                    "id_only"))
     assert fence_race.run(5000, seed=1)["full"]["conflict_runs"] > 0
+
+
+def test_the_state_machine_catches_a_release_check_that_ignores_the_version(monkeypatch):
+    """The machine is only evidence if it would see a broken core: make the release decision compare
+    server ids alone and it must fail."""
+    real = core.decide_release
+    monkeypatch.setattr(core, "decide_release",
+                        lambda view, to, items, input_pos=0, protocol="full": real(view, to, items, input_pos,
+                                                                                   "id_only"))
+    with pytest.raises(AssertionError, match="rules forbid"):
+        run_state_machine_as_test(FenceCore, settings=settings(max_examples=200, stateful_step_count=40,
+                                                               deadline=None, database=None,
+                                                               phases=[Phase.generate]))
+
+
+def test_race_harness_counts_a_stale_claim_as_a_conflict(monkeypatch):
+    """A claim accepted at an old version is a broken fence even if no release follows it."""
+    real = core.decide_claim
+    monkeypatch.setattr(core, "decide_claim",
+                        lambda view, server_id, version, cursor, protocol="full": real(view, server_id, version,
+                                                                                       cursor, "id_only"))
+    full = fence_race.run(3000, seed=1)["full"]
+    assert full["conflict_runs"] > 0 and full["runs_by_kind"]["stale_claim"] > 0

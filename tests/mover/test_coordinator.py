@@ -12,7 +12,9 @@ import pytest
 from libs import bus, names
 from libs.config import load
 from libs.errors import StatefleetError
+from libs.motion import crc
 from libs.motion.endpoint import MotionEndpoint
+from libs.motion.slot import SlotState
 from libs.schemas.common import Ping, Pong
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from services.mover.service import MoverConfig, MoverService
@@ -20,26 +22,43 @@ from tests.motion.dicthost import DictHost, advance, make_tree, tree_bytes
 
 
 @pytest.fixture
-async def fleet(nats_server, nc):
+async def endpoints(nats_server, nc):
+    """Three hosts with their motion endpoints, and every receipt published; no coordinator yet."""
     hosts = {h: DictHost() for h in ("a", "b", "c")}
     eps = {h: MotionEndpoint(nc, h, host) for h, host in hosts.items()}
     for ep in eps.values():
         await ep.start()
-    cfg = load(MoverConfig, env={"SF_NATS_URL": nats_server.url, "SF_PRIOR_BANDWIDTH_BPS": "1e9",
-                                 "SF_SETUP_S": "0.01", "SF_CHUNK_BYTES": "65536"})
-    mover = MoverService(cfg)
-    await mover.start()
     receipts: list[MoveReceipt] = []
 
     async def on_receipt(r: MoveReceipt) -> None:
         receipts.append(r)
 
     await bus.subscribe_events(nc, names.MOVE_RECEIPT_SUBJECTS, MoveReceipt, on_receipt)
-    yield hosts, eps, mover, receipts
-    if not mover._stopping.is_set():
-        await mover.stop()
+    yield hosts, eps, receipts
     for ep in eps.values():
         await ep.stop()
+
+
+@pytest.fixture
+async def fleet(nats_server, endpoints):
+    hosts, eps, receipts = endpoints
+    cfg = load(MoverConfig, env={"SF_NATS_URL": nats_server.url, "SF_PRIOR_BANDWIDTH_BPS": "1e9",
+                                 "SF_SETUP_S": "0.01", "SF_CHUNK_BYTES": "65536"})
+    mover = MoverService(cfg)
+    await mover.start()
+    yield hosts, eps, mover, receipts
+    await mover.stop()
+
+
+async def spy(nc, verb: str) -> list[str]:
+    """The subjects of every `verb` request sent to any host (a plain subscriber sees each one)."""
+    seen: list[str] = []
+
+    async def on_msg(msg) -> None:
+        seen.append(msg.subject)
+
+    await nc.subscribe(names.engine_subject("*", verb), cb=on_msg)
+    return seen
 
 
 async def move(nc, **kw) -> MoveReceipt:
@@ -95,9 +114,15 @@ async def test_incast_duplex_and_unknown_session_are_rejected(nc, fleet):
     r = await move(nc, session_id="s3", source="b", dest="a", deadline_s=10)
     assert r.outcome == "rejected" and "duplex" in r.reason
     mover.planner.end("held")
+
+
+async def test_unknown_session_fails_at_the_source_and_touches_no_host(nc, fleet):
+    """The source's register_state is the failing step: the move rolls back with its typed reason."""
+    hosts, eps, _, _ = fleet
+    admits = await spy(nc, "admit")
     r = await move(nc, session_id="nope", source="a", dest="b", deadline_s=10)
-    assert r.outcome == "rolled_back" or r.outcome == "rejected"
-    assert "not_found" in r.reason or "no session" in r.reason
+    assert (r.outcome, r.reason) == ("rolled_back", "not_found: no session nope")
+    assert admits == [] and not eps["b"].slots and hosts["b"].installs == 0
 
 
 async def test_destination_that_already_holds_the_session_declines(nc, fleet):
@@ -110,17 +135,20 @@ async def test_destination_that_already_holds_the_session_declines(nc, fleet):
 
 
 class GatedHost(DictHost):
-    """Its second block boundary (migrate's, after register_state's) waits until `gate` opens."""
+    """Its second block boundary (migrate's, after register_state's) sets `at_gate` and waits until `gate`
+    opens."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gate = asyncio.Event()
+        self.at_gate = asyncio.Event()
         self.calls = 0
 
     @contextlib.asynccontextmanager
     async def _gated(self, session_id: str):
         self.calls += 1
         if self.calls >= 2:
+            self.at_gate.set()
             await self.gate.wait()
         async with super().block_boundary(session_id):
             yield
@@ -130,10 +158,45 @@ class GatedHost(DictHost):
         return self._gated(session_id)
 
 
-async def test_coordinator_killed_mid_move_is_closed_out_by_the_next(nats_server, nc, fleet):
+async def test_destination_that_fails_verify_rolls_back_and_is_never_committed(nc, fleet):
+    """A staged byte goes bad after it landed: verify says not ok, the coordinator rolls both sides back,
+    reports it, and sends commit to no host."""
+    hosts, eps, _, receipts = fleet
+    source = GatedHost()
+    source.add("s1", make_tree(6))
+    ep = MotionEndpoint(nc, "g", source)
+    await ep.start()
+    before = tree_bytes(source.trees["s1"])
+    verifies, commits = await spy(nc, "verify"), await spy(nc, "commit")
+    try:
+        task = asyncio.create_task(move(nc, session_id="s1", source="g", dest="b", deadline_s=30))
+        await asyncio.wait_for(source.at_gate.wait(), 10)  # the destination armed its slot; migrate waits
+        (slot,) = eps["b"].slots.values()
+        source.gate.set()
+        async with asyncio.timeout(10):
+            await slot.done.wait()
+        # Nothing else runs before this line (one event loop), so verify cannot come first: flip a staged
+        # byte and record the CRC of what is staged now, as a receiver checking its own memory would.
+        assert slot.state is SlotState.RECEIVED
+        first = slot.flats[0][:min(slot.chunk_bytes, slot.flats[0].numel())]
+        first[0] ^= 0xFF
+        slot.record(0, 0, crc.crc_bytes(first))
+        r = await task
+        assert r.outcome == "rolled_back" and r.reason.startswith("integrity: destination verify failed:")
+        assert verifies == [names.engine_subject("b", "verify")] and commits == []
+        assert hosts["b"].installs == 0 and "s1" not in hosts["b"].trees and not eps["b"].slots
+        assert not ep.outgoing and tree_bytes(source.trees["s1"]) == before
+        await asyncio.wait_for(source.step("s1"), 5)  # thawed: the source runs on, authoritative
+        await asyncio.sleep(0.1)
+        assert [(x.move_id, x.outcome) for x in receipts] == [(r.move_id, "rolled_back")]
+    finally:
+        source.gate.set()
+        await ep.stop()
+
+
+async def test_coordinator_killed_mid_move_is_closed_out_by_the_next(nats_server, nc, endpoints):
     """SIGKILL a coordinator process while the source is mid-migrate; the next coordinator rolls it back."""
-    hosts, eps, mover, receipts = fleet
-    await mover.stop()  # only the coordinator process below serves moves
+    hosts, eps, receipts = endpoints
     source = GatedHost()
     source.add("s1", make_tree(5))
     ep = MotionEndpoint(nc, "g", source)
@@ -151,12 +214,8 @@ async def test_coordinator_killed_mid_move_is_closed_out_by_the_next(nats_server
             except StatefleetError:
                 await asyncio.sleep(0.1)
         task = asyncio.create_task(move(nc, session_id="s1", source="g", dest="b", deadline_s=60))
-        for _ in range(300):
-            if eps["b"].slots:
-                break
-            await asyncio.sleep(0.05)
-        assert eps["b"].slots, "the move never reached the destination's admit"
-        await asyncio.sleep(0.2)  # migrate is now waiting at the source's block boundary
+        await asyncio.wait_for(source.at_gate.wait(), 15)  # the destination armed its slot; migrate waits
+        assert eps["b"].slots
         proc.kill()
         await proc.wait()
     finally:

@@ -2,8 +2,8 @@
 
 A session's state is a tree (dict) of tensors and scalar control values that the
 backend creates from a seed and prompt and then advances one block at a time.
-Each stage reads and writes only the state keys it owns (`STAGE_KEYS`), so
-different sessions' blocks can be in different stages at once. Weights are
+A session has at most one block in flight, so its state is touched by one stage
+at a time, while different sessions' blocks are in different stages. Weights are
 generated from a fixed seed; for the same seed, prompt and inputs a backend
 is bit-exact on the same machine.
 """

@@ -1,11 +1,17 @@
 """Fenced sessions on an engine host: take what fence assigns here, claim it, apply only its releases.
 
 For every assignment to this host that the log still shows as the latest:
-  1. install the state: keep it if the host already holds the session (a move installed it),
-     else restore the latest checkpoint from fence's metadata, else start from the seed;
+  1. install the state, gated (it runs no block yet): keep it if the host already holds the
+     session (a move installed it), else restore the latest checkpoint from fence's metadata,
+     else start from the seed;
   2. claim `(host_id, version)` with the input cursor that state reflects: fence re-releases
      every item after it, so items released to a dead or moved-away owner are not lost;
-  3. apply the lease's items in order until the lease is revoked (a newer assign, or a close).
+  3. take the block journal (seal it: an older owner still running can record, and so publish,
+     nothing more) and learn the blocks recorded after the installed state;
+  4. regenerate those blocks exactly (each with the items and tier it recorded, output marked
+     replayed), then ungate the session and apply the lease's items in order until the lease is
+     revoked (a newer assign, a close, or the journal saying a newer owner sealed it).
+From then on every block's consumed items are journaled before its output is published.
 A revoked host never takes another item. If the session was closed, it shuts it down in
 order; if it was assigned elsewhere, it stops taking input and leaves the copy to the mover
 (which drops it after the move commits) or, when nothing moves it, closes it after a grace.
@@ -19,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -26,13 +34,16 @@ import structlog
 from libs import logs
 from libs.contracts import Contract
 from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetError
+from libs.fence.block_journal import BlockJournal
 from libs.fence.client import EngineClient, Lease
+from libs.fence.replay import replay_plan
 from libs.schemas.common import InputItem
-from libs.schemas.engine import OpenSession
-from libs.schemas.fence import AssignNotice, SessionMeta
-from services.engine_host.runtime import EngineRuntime
+from libs.schemas.engine import CheckpointRef, OpenSession, SessionInfo
+from libs.schemas.fence import AssignNotice, ConsumedBlock, SessionMeta
+from libs.tasks import report_death
+from services.engine_host.journal import OutputJournal
 
-log = structlog.get_logger("statefleet.engine_host.ownership")
+log = structlog.get_logger("statefleet.engine_host.assignments")
 
 BUSY_BACKOFF_S = 0.005
 REPORT_EVERY_S = 0.5
@@ -46,11 +57,43 @@ def open_spec(meta: SessionMeta) -> OpenSession:
                        period_ms=contract.release_period_ms, determinism=contract.determinism)
 
 
-class Ownership:
-    def __init__(self, client: EngineClient, runtime: EngineRuntime, *, checkpoint_every_s: float,
+class FencedHost(Protocol):
+    """What taking fenced sessions needs of the host's runtime (`runtime.EngineRuntime`)."""
+
+    def holds(self, sid: str) -> bool: ...
+
+    def moved_in(self) -> set[str]: ...
+
+    def info(self, sid: str) -> SessionInfo: ...
+
+    async def open(self, spec: OpenSession, *, gated: bool = False) -> SessionInfo: ...
+
+    async def restore(self, sid: str, key: str, *, gated: bool = False) -> SessionInfo: ...
+
+    def gate(self, sid: str) -> None: ...
+
+    def ungate(self, sid: str) -> None: ...
+
+    def attach_journal(self, sid: str, writer: BlockJournal) -> OutputJournal: ...
+
+    async def replay_block(self, sid: str, block: ConsumedBlock) -> None: ...
+
+    async def apply_input(self, item: InputItem) -> int: ...
+
+    async def checkpoint(self, sid: str, *, delete_previous: bool = True) -> CheckpointRef: ...
+
+    async def delete_checkpoint(self, key: str) -> None: ...
+
+    async def close(self, sid: str, *, drain: bool = True) -> SessionInfo: ...
+
+
+class Assignments:
+    """Serves every session fence assigns to this host, one task per assignment (see the module doc)."""
+
+    def __init__(self, client: EngineClient, host: FencedHost, *, checkpoint_every_s: float,
                  orphan_grace_s: float) -> None:
         self.client = client
-        self.runtime = runtime
+        self.host = host
         self.checkpoint_every_s = checkpoint_every_s
         self.orphan_grace_s = orphan_grace_s
         self.serving: dict[str, asyncio.Task] = {}
@@ -69,7 +112,7 @@ class Ownership:
                 # A newer assignment to us supersedes the older lease; its task ends by revocation.
                 await asyncio.wait({previous}, timeout=5.0)
             task = asyncio.create_task(self._serve(notice), name=f"serve:{notice.session_id}")
-            task.add_done_callback(_log_crash)
+            task.add_done_callback(report_death("serve_task_failed", log))
             self.serving[notice.session_id] = task
 
     async def stop(self) -> None:
@@ -81,60 +124,108 @@ class Ownership:
     async def _serve(self, notice: AssignNotice) -> None:
         sid, version = notice.session_id, notice.version
         logs.bind(session_id=sid, server_id=self.client.server_id, version=version)
+        held = self.host.holds(sid)
         try:
             meta = await self.client.meta(sid)
             if meta.closed:
                 return
             cursor = await self._install(meta)
-            lease = await self.client.claim(sid, version, cursor)
         except StatefleetError as e:
             log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
             return
-        checkpoints = asyncio.create_task(self._checkpoint_loop(lease, meta.checkpoint_ref))
         try:
-            await self._apply(lease)
+            lease = await self.client.claim(sid, version, cursor)
+            journal, plan = await self._take_journal(lease)
+        except StatefleetError as e:
+            log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
+            if not held:
+                await self._close(sid, drain=False)  # we made this copy for nothing
+            else:
+                with contextlib.suppress(NotFound):
+                    self.host.ungate(sid)
+            return
+        background = [asyncio.create_task(self._checkpoint_loop(lease, meta.checkpoint_ref, journal)),
+                      asyncio.create_task(self._stop_when_fenced(lease, journal))]
+        try:
+            await self.apply_releases(lease, plan)
         except StatefleetError as e:
             # The session failed here (a backend error closes it) or its input broke order: take no
             # more input under this lease; fence re-releases from the claim cursor to whoever is next.
             log.error("input_stopped", session_id=sid, version=version, code=e.code, detail=e.detail)
             await lease.stop()
         finally:
-            checkpoints.cancel()
-            await asyncio.gather(checkpoints, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
         await self._after_revocation(sid)
 
     async def _install(self, meta: SessionMeta) -> int:
-        """Make the session live here; return the input cursor its state reflects."""
+        """Make the session live here, gated; return the input cursor its state reflects."""
         sid = meta.session_id
-        if sid in self.runtime.sessions:
-            return self.runtime.info(sid).input_cursor  # installed by a move (pending items travel along)
+        if self.host.holds(sid):
+            self.host.gate(sid)
+            return self.host.info(sid).input_cursor  # installed by a move (pending items travel along)
         if meta.checkpoint_ref:
             try:
-                info = await self.runtime.restore(sid, meta.checkpoint_ref)
+                info = await self.host.restore(sid, meta.checkpoint_ref, gated=True)
                 log.info("restored", session_id=sid, key=meta.checkpoint_ref, cursor=info.input_cursor)
                 return info.input_cursor
             except (NotFound, IntegrityError) as e:
                 # Deterministic backends replay to the same state: seed + every item from the start.
                 log.warning("checkpoint_unusable", session_id=sid, key=meta.checkpoint_ref, code=e.code)
-        info = await self.runtime.open(open_spec(meta))
+        info = await self.host.open(open_spec(meta), gated=True)
         return info.input_cursor
 
-    async def _apply(self, lease: Lease) -> None:
+    async def _take_journal(self, lease: Lease) -> tuple[OutputJournal, list[ConsumedBlock]]:
+        """Seal the session's block journal for our claim and attach it; return the recorded blocks
+        after the installed state, which must be regenerated before any live block."""
+        sid = lease.session_id
+        writer, entries = await BlockJournal.take(self.client.js, sid, lease.owner)
+        info = self.host.info(sid)
+        try:
+            plan = replay_plan(entries, info.blocks_done, info.consumed_seq)
+        except IntegrityError as e:
+            # Not exact any more (e.g. the checkpoint was unusable and the journal before it is gone):
+            # go on live rather than strand the session.
+            log.error("journal_unusable", session_id=sid, detail=e.detail, blocks_done=info.blocks_done)
+            plan = []
+        if plan:
+            log.info("replaying", session_id=sid, after_block=info.blocks_done, blocks=len(plan),
+                     through_block=plan[-1].block)
+        return self.host.attach_journal(sid, writer), plan
+
+    async def apply_releases(self, lease: Lease, plan: list[ConsumedBlock] | None = None) -> None:
+        """Regenerate the recorded blocks in `plan` as their items arrive, then ungate the session and
+        apply the lease's released items in order until it is revoked, reporting progress to fence."""
+        sid = lease.session_id
+        todo = deque(plan or [])
+        await self._regenerate(sid, todo, lease.cursor)
         last_report = 0.0
         async for item in lease:
+            if lease.revoked.is_set():
+                break  # a revoked incarnation applies nothing more, even what reached it before
             if not await self._accept(item):
                 continue
+            if todo:
+                await self._regenerate(sid, todo, item.seq)
             now = time.monotonic()
             if now - last_report >= REPORT_EVERY_S:
                 last_report = now
                 with contextlib.suppress(StatefleetError):
                     await lease.report_applied(item.seq)
 
+    async def _regenerate(self, sid: str, todo: deque[ConsumedBlock], cursor: int) -> None:
+        """Run every recorded block whose items are all accepted (up to `cursor`); ungate once none is left."""
+        while todo and todo[0].last_seq <= cursor:
+            await self.host.replay_block(sid, todo.popleft())
+        if not todo:
+            self.host.ungate(sid)
+
     async def _accept(self, item: InputItem) -> bool:
         """Hand one released item to the runtime, waiting while its input queue is full."""
         while True:
             try:
-                await self.runtime.apply_input(item)
+                await self.host.apply_input(item)
                 return True
             except Busy:
                 await asyncio.sleep(BUSY_BACKOFF_S)
@@ -148,7 +239,7 @@ class Ownership:
             meta = await self.client.meta(sid)
         except StatefleetError:
             meta = None
-        if sid not in self.runtime.sessions:
+        if not self.host.holds(sid):
             return  # dropped by a committed move already
         if meta is not None and meta.closed:
             await self._close(sid, drain=True)
@@ -156,7 +247,7 @@ class Ownership:
         # Assigned elsewhere: a mover drops our copy once its move commits. A failover
         # (we were presumed dead) moves nothing, so the copy goes after a grace.
         await asyncio.sleep(self.orphan_grace_s)
-        if sid in self.runtime.sessions and self.client.lease(sid) is None:
+        if self.host.holds(sid) and self.client.lease(sid) is None:
             await self._close(sid, drain=False)
 
     async def _sweep_orphans(self) -> None:
@@ -165,8 +256,8 @@ class Ownership:
         seen: set[str] = set()
         while True:
             await asyncio.sleep(self.orphan_grace_s)
-            orphans = {sid for sid, s in self.runtime.sessions.items()
-                       if s.origin == "moved" and sid not in self.serving and self.client.lease(sid) is None}
+            orphans = {sid for sid in self.host.moved_in()
+                       if sid not in self.serving and self.client.lease(sid) is None}
             for sid in orphans & seen:
                 log.warning("orphan_closed", session_id=sid)
                 await self._close(sid, drain=False)
@@ -174,10 +265,16 @@ class Ownership:
 
     async def _close(self, sid: str, *, drain: bool) -> None:
         with contextlib.suppress(NotFound):
-            await self.runtime.close(sid, drain=drain)
+            await self.host.close(sid, drain=drain)
             log.info("session_closed", session_id=sid, drain=drain)
 
-    async def _checkpoint_loop(self, lease: Lease, recorded: str | None) -> None:
+    async def _stop_when_fenced(self, lease: Lease, journal: OutputJournal) -> None:
+        """A newer owner sealed the journal (we were presumed dead): take no more input."""
+        await journal.fenced.wait()
+        log.warning("fenced_by_journal", session_id=lease.session_id, version=lease.owner.version)
+        await lease.stop()
+
+    async def _checkpoint_loop(self, lease: Lease, recorded: str | None, journal: OutputJournal) -> None:
         """`recorded`: the checkpoint fence points at (only this loop moves it while we hold the lease);
         None when a failed round left that unknown, and fence is asked again."""
         sid = lease.session_id
@@ -188,19 +285,17 @@ class Ownership:
             try:
                 if recorded is None:
                     recorded = (await self.client.meta(sid)).checkpoint_ref
-                ref = await self.runtime.checkpoint(sid, delete_previous=False)
-                await self.client.checkpoint(sid, lease.owner.version, ref.key, ref.consumed_seq)
+                ref = await self.host.checkpoint(sid, delete_previous=False)
+                await self.client.checkpoint(sid, lease.owner.version, ref.key, ref.consumed_seq, ref.blocks_done)
             except StatefleetError as e:  # the next round tries again; the recorded checkpoint still stands
                 log.warning("checkpoint_failed", session_id=sid, code=e.code, detail=e.detail)
                 recorded = None  # a lost reply may still have moved it
                 continue
             # Only once fence points at the new checkpoint may the one it pointed at go.
             previous, recorded = recorded, ref.key
-            if previous and previous != ref.key and self.runtime.checkpoints is not None:
+            if previous and previous != ref.key:
                 with contextlib.suppress(StatefleetError):
-                    await self.runtime.checkpoints.delete(previous)
+                    await self.host.delete_checkpoint(previous)
+            with contextlib.suppress(StatefleetError):  # only costs storage until the next round
+                await journal.forget_through(ref.blocks_done)
 
-
-def _log_crash(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("serve_task_failed", task=task.get_name(), error=repr(task.exception()))

@@ -1,0 +1,127 @@
+"""The block journal on JetStream: which input items each block of a session consumed.
+
+Stream `names.BLOCK_STREAM` (fence provisions it with its other streams), one subject per session (`names.block_journal_subject`), holding
+`BlockEntry`s. Only the session's claimed owner writes, and only through `BlockJournal`:
+
+    journal, entries = await BlockJournal.take(js, session_id, lease.owner)   # after the claim
+    plan = replay.replay_plan(entries, info.blocks_done, info.consumed_seq)  # regenerate these
+    await journal.append([ConsumedBlock(...), ...])   # before those blocks' output is published
+
+`take` reads every entry and seals the journal (an entry without blocks) with compare-and-set on
+the tail it read, so an older owner that is still running (a partition) can append nothing after
+it: its next append finds the tail moved, reads the seal's higher version and is fenced
+(`Conflict(reason="fenced")`). The rules are `libs/fence/replay.py`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+
+from libs import bus, errors, names
+from libs.fence import replay
+from libs.fence.session_log import EXPECTED_LAST_SUBJECT_SEQ, check_session_id
+from libs.schemas.base import decode, encode
+from libs.schemas.fence import BlockEntry, ConsumedBlock, Owner
+
+
+async def read_tail(js: JetStreamContext, session_id: str) -> tuple[BlockEntry | None, int]:
+    """The journal's last entry and its stream sequence ((None, 0) when the journal is empty)."""
+    try:
+        raw = await js.get_last_msg(names.BLOCK_STREAM, names.block_journal_subject(session_id), direct=True)
+    except nats.js.errors.NotFoundError:
+        return None, 0
+    except nats.errors.TimeoutError:
+        raise errors.Timeout("reading the block journal timed out", session_id=session_id) from None
+    return decode(raw.data, BlockEntry), raw.seq
+
+
+async def read_all(js: JetStreamContext, session_id: str, through: int) -> list[tuple[int, BlockEntry]]:
+    """Every entry of the journal up to stream sequence `through`, in order, with its stream sequence."""
+    out: list[tuple[int, BlockEntry]] = []
+    pos = 1
+    subject = names.block_journal_subject(session_id)
+    while pos <= through:
+        try:
+            raw = await js.get_msg(names.BLOCK_STREAM, seq=pos, subject=subject, next=True, direct=True)
+        except nats.js.errors.NotFoundError:
+            break
+        if raw.seq > through:
+            break
+        out.append((raw.seq, decode(raw.data, BlockEntry)))
+        pos = raw.seq + 1
+    return out
+
+
+class BlockJournal:
+    """The claimed owner's writer of one session's journal (see the module doc)."""
+
+    def __init__(self, js: JetStreamContext, session_id: str, owner: Owner, tail_seq: int) -> None:
+        self.js, self.session_id, self.owner = js, session_id, owner
+        self.tail_seq = tail_seq  # the stream sequence of our last entry: the next append's CAS
+        self.entry_seqs: list[tuple[int, int]] = []  # (stream seq, last block) of the entries kept, for purging
+
+    @classmethod
+    async def take(cls, js: JetStreamContext, session_id: str, owner: Owner) -> tuple[BlockJournal, list[BlockEntry]]:
+        """Seal the journal for `owner` (its claim must have landed) and return what it held before."""
+        check_session_id(session_id)
+        for _ in range(bus.MAX_CAS_ATTEMPTS):
+            tail, seq = await read_tail(js, session_id)
+            replay.decide_append(tail, owner)
+            entries = await read_all(js, session_id, seq)
+            journal = cls(js, session_id, owner, seq)
+            journal.entry_seqs = [(at, e.blocks[-1].block) for at, e in entries if e.blocks]
+            try:
+                await journal._publish(BlockEntry(server_id=owner.server_id, version=owner.version))
+            except errors.Conflict:
+                continue  # an older owner's entry landed meanwhile: read it too
+            return journal, [e for _, e in entries]
+        raise errors.Conflict("sealing the block journal kept losing the race", session_id=session_id)
+
+    async def append(self, blocks: list[ConsumedBlock]) -> None:
+        """Make `blocks` durable, or raise `Conflict(reason="fenced")` if a newer owner sealed the journal."""
+        entry = BlockEntry(server_id=self.owner.server_id, version=self.owner.version, blocks=blocks)
+        for _ in range(bus.MAX_CAS_ATTEMPTS):
+            try:
+                await self._publish(entry)
+                self.entry_seqs.append((self.tail_seq, blocks[-1].block))
+                return
+            except errors.Conflict:
+                tail, seq = await read_tail(self.js, self.session_id)
+                replay.decide_append(tail, self.owner)  # raises if someone newer sealed it
+                if tail is not None and tail.blocks and tail.blocks[-1] == blocks[-1]:
+                    self.tail_seq = seq  # our own append landed though its answer was lost
+                    self.entry_seqs.append((seq, blocks[-1].block))
+                    return
+                self.tail_seq = seq
+            except errors.Unavailable:
+                continue  # unanswered: the retry's CAS tells whether it landed
+        raise errors.Unavailable("block journal append kept failing", session_id=self.session_id)
+
+    async def _publish(self, entry: BlockEntry) -> None:
+        entry.at = time.time()
+        try:
+            ack = await self.js.publish(names.block_journal_subject(self.session_id), encode(entry),
+                                        headers={EXPECTED_LAST_SUBJECT_SEQ: str(self.tail_seq)})
+        except nats.js.errors.APIError as e:
+            if e.err_code == bus.JS_WRONG_LAST_SEQUENCE:
+                raise errors.Conflict("the block journal moved", session_id=self.session_id) from None
+            raise errors.Unavailable(f"block journal append failed: {e.description}",
+                                     session_id=self.session_id) from None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+            raise errors.Unavailable("block journal append unanswered", session_id=self.session_id) from None
+        self.tail_seq = ack.seq
+
+    async def forget_through(self, block: int) -> None:
+        """A checkpoint at `block` is recorded at fence: entries holding only blocks up to it are not
+        needed by any replacement any more. The tail entry stays (it carries the CAS position)."""
+        keep_from = next((seq for seq, last in self.entry_seqs if last > block), self.tail_seq)
+        self.entry_seqs = [(seq, last) for seq, last in self.entry_seqs if seq >= keep_from]
+        try:
+            await self.js.purge_stream(names.BLOCK_STREAM, subject=names.block_journal_subject(self.session_id),
+                                       seq=keep_from)
+        except (nats.errors.Error, nats.js.errors.Error) as e:  # only costs storage until the next round
+            raise errors.Unavailable(f"purging the block journal failed: {e}", session_id=self.session_id) from None

@@ -1,0 +1,53 @@
+"""Block boundaries: holding a session between blocks, so its state tree is stable.
+
+At most one block of a session is in flight; while a hold is on none is, so the tree is what the
+mover copies, suspend offloads and a checkpoint snapshots. Holds nest; the scheduler pauses the
+session from the first hold to the last release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from services.engine_host.scheduler import EdfScheduler
+from services.engine_host.session import Session
+
+
+class Boundaries:
+    def __init__(self, sched: EdfScheduler, clock: Callable[[], float], wake: Callable[[], None]) -> None:
+        self.sched = sched
+        self.clock = clock
+        self.wake = wake
+
+    @asynccontextmanager
+    async def hold(self, s: Session) -> AsyncIterator[None]:
+        """While held, no block of `s` runs (the one in flight, if any, finishes first) and every
+        finished block's output is out (a fenced session's journal is flushed), so a copy or a
+        checkpoint taken now never holds a block whose record could still be lost."""
+        self.gate(s)
+        try:
+            await s.idle.wait()
+            if s.journal is not None:
+                await s.journal.flushed()
+            yield
+        finally:
+            self.ungate(s)
+
+    def gate(self, s: Session) -> None:
+        """Schedule no new block of `s` until `ungate` (a hold that does not wait for the block in flight)."""
+        s.holds += 1
+        if s.holds == 1:
+            s.held_at = self.clock()
+        if s.sid in self.sched.tasks:
+            self.sched.pause(s.sid, True, self.clock())
+
+    def ungate(self, s: Session) -> None:
+        s.holds -= 1
+        if s.holds == 0:
+            now = self.clock()
+            s.stats.idle_interval(max(s.held_at, s.last_end), now, "block_boundary")
+            s.last_end = max(s.last_end, now)
+            if s.status == "running" and s.sid in self.sched.tasks:
+                self.sched.pause(s.sid, False, now)
+            self.wake()

@@ -1,0 +1,112 @@
+"""A fenced session's output gate: a block's output is published only once the block journal holds
+which input items that block consumed, so a replacement can regenerate exactly what was shown.
+
+The sink hands every finished block here and goes on (the session's next block may run
+meanwhile); one task per session makes the waiting blocks' records durable as one journal entry
+(group commit: whatever finished while the previous append was in flight), then publishes their
+output in block order. A regenerated block is already in the journal and is only published,
+marked replayed. Once the journal says a newer owner sealed it, this host is fenced: nothing
+more is published, and `fenced` is set so the lease stops taking input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from libs.errors import Conflict, StatefleetError
+from libs.fence.block_journal import BlockJournal
+from libs.schemas.fence import ConsumedBlock
+from libs.tasks import spawn
+from libs.telemetry import counter
+from services.engine_host.backends import Output
+
+log = structlog.get_logger("statefleet.engine_host.journal")
+_entries = counter("sf_engine_journal_entries_total", "Block journal entries appended")
+_blocks = counter("sf_engine_journal_blocks_total", "Blocks recorded in the block journal")
+
+MAX_GROUP = 256  # blocks per journal entry (about 7 bytes each)
+RETRY_S = 0.05
+
+PublishBlock = Callable[[int, Output, bool], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    consumed: ConsumedBlock
+    output: Output | None
+    replayed: bool  # regenerated from the journal: recorded already, published marked
+
+
+class OutputJournal:
+    def __init__(self, writer: BlockJournal, publish: PublishBlock) -> None:
+        self.writer = writer
+        self.publish = publish
+        self.fenced = asyncio.Event()
+        self._queue: list[Finished] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task = spawn(self._run(), name=f"journal:{writer.session_id}", event="journal_task_died")
+
+    @property
+    def backlog(self) -> int:
+        return len(self._queue)
+
+    def add(self, block: Finished) -> None:
+        if self.fenced.is_set():
+            return  # a newer owner holds the session: this copy's output goes nowhere
+        self._queue.append(block)
+        self._idle.clear()
+        self._wake.set()
+
+    async def flushed(self) -> None:
+        """Every block handed in so far is recorded and published (or dropped, once fenced)."""
+        await self._idle.wait()
+
+    async def forget_through(self, block: int) -> None:
+        await self.writer.forget_through(block)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._idle.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue and not self.fenced.is_set():
+                batch, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+                fresh = [b.consumed for b in batch if not b.replayed]
+                if fresh and not await self._durable(fresh):
+                    break
+                for b in batch:
+                    if b.output is not None:
+                        await self.publish(b.consumed.block, b.output, b.replayed)
+            if self.fenced.is_set():
+                self._queue.clear()
+            if not self._queue:
+                self._idle.set()
+
+    async def _durable(self, records: list[ConsumedBlock]) -> bool:
+        """Append until it lands (True) or the journal says we are fenced (False)."""
+        while True:
+            try:
+                await self.writer.append(records)
+                _entries.add(1)
+                _blocks.add(len(records))
+                return True
+            except Conflict as e:
+                if e.fields.get("reason") != "fenced":
+                    raise
+                log.warning("journal_fenced", session_id=self.writer.session_id, holder=e.fields.get("holder"),
+                            holder_version=e.fields.get("holder_version"))
+                self.fenced.set()
+                return False
+            except StatefleetError as e:  # the bus is away: output waits, it is never published unrecorded
+                log.warning("journal_append_retry", session_id=self.writer.session_id, code=e.code)
+                await asyncio.sleep(RETRY_S)

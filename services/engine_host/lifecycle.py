@@ -1,0 +1,152 @@
+"""Sessions coming and going: open (validated), admit, ordered close, and failing one whose block raised.
+
+A session whose block raises is failed and closed in order (its pipeline slots released); the
+host and its other sessions go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from libs.errors import BadRequest, Busy, Conflict
+from libs.schemas.engine import OpenSession, SessionInfo
+from libs.session_classes import PERIODIC, coalescable
+from services.engine_host.backends import Backend
+from services.engine_host.costs import Backends, shape_of
+from services.engine_host.metrics import SessionStats
+from services.engine_host.pipeline import StagePipeline
+from services.engine_host.scheduler import Dispatch, EdfScheduler, Task
+from services.engine_host.session import SID_RE, Session, SessionTable
+from services.engine_host.stages import BlockJob
+
+log = structlog.get_logger("statefleet.engine_host.lifecycle")
+
+InThread = Callable[..., Awaitable[Any]]
+JOURNAL_DRAIN_S = 5.0  # a drained close waits this long for the journal (the bus may be away)
+
+
+class Lifecycle:
+    def __init__(self, sessions: SessionTable, backends: Backends, sched: EdfScheduler,
+                 pipeline: StagePipeline[BlockJob, Dispatch], *, max_sessions: int, in_thread: InThread,
+                 clock: Callable[[], float], wake: Callable[[], None], gate: Callable[[Session], None]) -> None:
+        self.sessions = sessions
+        self.backends = backends
+        self.sched = sched
+        self.pipeline = pipeline
+        self.max_sessions = max_sessions
+        self.in_thread = in_thread
+        self.clock = clock
+        self.wake = wake
+        self.gate = gate
+        self._background: set[asyncio.Task[None]] = set()
+
+    def validate_open(self, spec: OpenSession) -> Backend:
+        if not SID_RE.match(spec.session_id):
+            raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=spec.session_id)
+        host = self.sessions.host_id
+        if spec.session_id in self.sessions:
+            raise Conflict(f"session {spec.session_id} is already open on {host}", session_id=spec.session_id)
+        if len(self.sessions) >= self.max_sessions:
+            raise Busy(f"host {host} holds its maximum of {self.max_sessions} sessions", host_id=host)
+        backend = self.backends.get(spec.backend)
+        for name, tier in (("tier", spec.tier), ("quality_floor", spec.quality_floor)):
+            if tier and tier not in backend.tiers:
+                raise BadRequest(f"{name} {tier} is not one of {spec.backend}'s tiers {backend.tiers}",
+                                 session_id=spec.session_id)
+        if spec.tier and spec.quality_floor > spec.tier:
+            raise BadRequest("quality_floor is above the requested tier", session_id=spec.session_id)
+        periodic = spec.session_class in PERIODIC
+        if periodic != (spec.period_ms > 0) or not math.isfinite(spec.period_ms):
+            raise BadRequest(f"{spec.session_class} sessions {'need' if periodic else 'take no'} period_ms",
+                             session_id=spec.session_id)
+        return backend
+
+    async def open(self, spec: OpenSession, *, gated: bool = False) -> Session:
+        backend = self.validate_open(spec)
+        state = await self.in_thread(backend.init_state, spec.seed, spec.prompt)
+        return await self.admit(spec, backend, state, gated=gated)
+
+    async def admit(self, spec: OpenSession, backend: Backend, state: dict, *, gated: bool = False) -> Session:
+        """Make a session of `state` live: a pipeline slot in every stage, then a scheduler task.
+        A gated session runs no block until the caller ungates it (a fenced host first learns
+        which blocks it must regenerate)."""
+        now = self.clock()
+        s = Session(spec=spec, backend=backend, shape=shape_of(backend), state=state,
+                    stats=SessionStats(spec.session_id, spec.backend, backend.media_s_per_block, now),
+                    last_end=now)
+        s.idle.set()
+        await self.pipeline.open(spec.session_id)
+        ladder = tuple(t for t in backend.tiers if t >= (spec.quality_floor or backend.tiers[0]))
+        self.sched.add(Task(sid=spec.session_id, cls=spec.session_class, shape=s.shape, ladder=ladder,
+                            tier=spec.tier or ladder[-1], period_s=spec.period_ms / 1000,
+                            batchable=backend.batchable and coalescable(spec.determinism)), now)
+        self.sessions.add(s)
+        if gated:
+            self.gate(s)
+        self.wake()
+        return s
+
+    async def close(self, sid: str, *, drain: bool) -> SessionInfo:
+        """Ordered shutdown of one session: stop scheduling it, drain or cancel its block, release
+        its pipeline slots last stage first, verify none is left."""
+        s = self.sessions.get(sid)
+        info = s.info(self.sched.tasks.get(sid))
+        s.status = "closing"
+        self.sched.remove(sid)
+        try:
+            await self.pipeline.close(sid, drain=drain)
+        finally:
+            self.sessions.remove(sid)
+            s.fail_waiters(Conflict(f"session {sid} was closed", session_id=sid))
+            # No block of it is left: a cancelled one never reaches the sink, so a hold waiting
+            # for it to end would otherwise wait forever.
+            s.busy = False
+            s.idle.set()
+            self.wake()
+            await self._end_journal(s, drain=drain)
+        return SessionInfo(**{**{f: getattr(info, f) for f in info.__struct_fields__}, "state": "closed"})
+
+    def fail(self, s: Session, error: BaseException) -> None:
+        """A block raised: fail the session and close it in order; the host goes on."""
+        log.warning("session_failed", session_id=s.sid, error=repr(error))
+        self.sessions.failed[s.sid] = repr(error)
+        s.status = "failed"
+        s.busy = False
+        s.idle.set()
+        self.sched.remove(s.sid)
+        s.fail_waiters(Conflict(f"session {s.sid} failed: {error!r}", session_id=s.sid))
+        task = asyncio.create_task(self._close_failed(s.sid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _close_failed(self, sid: str) -> None:
+        try:
+            await self.pipeline.close(sid, drain=False)
+        except Exception as e:
+            log.error("failed_session_cleanup_failed", session_id=sid, error=repr(e))
+        finally:
+            s = self.sessions.lookup(sid)
+            self.sessions.remove(sid)
+            if s is not None:
+                await self._end_journal(s, drain=False)
+
+    @staticmethod
+    async def _end_journal(s: Session, *, drain: bool) -> None:
+        """A closing session's journal: its waiting blocks go out first when draining, then its task ends."""
+        journal, s.journal = s.journal, None
+        if journal is None:
+            return
+        if drain:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(journal.flushed(), JOURNAL_DRAIN_S)
+        await journal.close()
+
+    async def settle(self) -> None:
+        """Wait for failed sessions' cleanups still running."""
+        await asyncio.gather(*self._background, return_exceptions=True)

@@ -1,0 +1,80 @@
+"""The output sink: the end of the stage pipeline, on the event loop. Each finished block advances
+its session's progress, is accounted, and its output is published to the session's output subject
+(a fenced session's through its journal: recorded first, see journal.py); a block that raised
+fails its session instead."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+import structlog
+
+from libs import names
+from libs.schemas.base import encode
+from libs.schemas.fence import ConsumedBlock
+from libs.telemetry import counter
+from services.engine_host.backends import Output
+from services.engine_host.costs import CostModel
+from services.engine_host.journal import Finished
+from services.engine_host.output import chunks
+from services.engine_host.session import Session
+from services.engine_host.stages import BlockJob, BlockWork
+
+log = structlog.get_logger("statefleet.engine_host.sink")
+_output_dropped = counter("sf_engine_output_dropped_total", "Output chunks the bus did not take")
+
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+# Blocks a fenced session may have waiting for the journal before the sink waits for it (an outage).
+MAX_JOURNAL_BACKLOG = 64
+
+
+class OutputSink:
+    def __init__(self, publish: Publish | None, costs: CostModel, *, fail: Callable[[Session, BaseException], None],
+                 clock: Callable[[], float]) -> None:
+        self.publish = publish
+        self.costs = costs
+        self.fail = fail
+        self.clock = clock
+
+    async def take(self, work: BlockWork) -> None:
+        """Account every block of a work that came through the stages; learn the quantum's cost."""
+        now = self.clock()
+        for it in work.items:
+            if it.error is not None:
+                self.fail(it.data.session, it.error)
+                continue
+            await self.block_done(it.data, now, work.stage_ms)
+        if work.items and all(it.error is None for it in work.items):
+            self.costs.learn(work.items[0].data.session.shape, work.meta.tier, len(work.items),
+                             sum(work.stage_ms.values()) / 1000)
+
+    async def block_done(self, job: BlockJob, now: float, stage_ms: dict[str, float]) -> None:
+        """One block of a session is done: its state has advanced past `job.last_seq`. Counted,
+        published, and only then does the session count as idle again."""
+        s = job.session
+        consumed = ConsumedBlock(block=s.blocks_done + 1, first_seq=s.consumed_seq + 1, last_seq=job.last_seq,
+                                 tier=job.tier)
+        s.blocks_done += 1
+        s.consumed_seq = job.last_seq
+        s.stats.output(now, job.accepted_at, stage_ms)
+        if s.journal is not None:
+            s.journal.add(Finished(consumed, job.output, job.replayed))
+            if s.journal.backlog >= MAX_JOURNAL_BACKLOG:
+                await s.journal.flushed()
+        elif job.output is not None:
+            await self.publish_block(s.sid, s.blocks_done, job.output, False)
+        s.block_finished(now)
+
+    async def publish_block(self, sid: str, block: int, output: Output, replayed: bool) -> None:
+        """Output is a stream for a live viewer: a chunk the bus cannot take is dropped and counted,
+        never allowed to stop the session (its state already advanced) or the sink."""
+        if self.publish is None:
+            return
+        try:
+            for chunk in chunks(sid, block, output, replayed=replayed):
+                await self.publish(names.output_subject(sid), encode(chunk))
+        except nats.errors.Error as e:
+            _output_dropped.add(1, {"reason": type(e).__name__})
+            log.warning("output_dropped", session_id=sid, block=block, error=type(e).__name__)

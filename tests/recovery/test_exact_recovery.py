@@ -1,0 +1,127 @@
+"""Exact recovery: a replacement regenerates every block after the checkpoint it restores, bit for
+bit, from the block journal; a partitioned old owner is fenced out of the journal and publishes
+nothing more. Engine hosts are real processes (SIGKILL, SIGSTOP); fence's assign is driven here
+the way placement's failover drives it."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from libs.fence.ownership import assign
+from tests.fence.invariants import check_log, read_log
+from tests.recovery.conftest import (
+    OutputLog,
+    Producer,
+    claimed_by,
+    eventually,
+    info,
+    journal,
+    meta,
+    register,
+    watch_output,
+)
+
+pytestmark = pytest.mark.slow
+
+
+async def serve_until_checkpointed(nc, fence, hosts, sid: str):
+    """h1 and h2 up, `sid` on h1 under steady input, a checkpoint recorded and blocks past it shown."""
+    h1, h2 = hosts("h1"), hosts("h2")
+    await asyncio.gather(h1.ready(nc), h2.ready(nc))
+    token = await register(nc, sid)
+    out = await watch_output(nc, sid)
+    v1 = (await assign(nc, nc.jetstream(), sid, "h1")).version
+    await eventually(lambda: claimed_by(nc, sid, "h1"), what="h1's claim")
+    producer = Producer(f"http://127.0.0.1:{fence.http_port}", sid, token)
+    producer.start()
+
+    async def past_a_checkpoint() -> bool:
+        block = (await meta(nc, sid)).checkpoint_block
+        shown = out.blocks(replayed=False)
+        return block > 0 and bool(shown) and max(shown) >= block + 4
+
+    await eventually(past_a_checkpoint, what="blocks past a checkpoint")
+    return h1, h2, v1, out, producer
+
+
+async def take_over(nc, sid: str, v1: int, out: OutputLog, last_dead_block: int) -> None:
+    """Assign `sid` to h2 (as failover does: only if h1 still holds v1) and wait for live output past h1's."""
+    await assign(nc, nc.jetstream(), sid, "h2", expect_version=v1)
+    await eventually(lambda: claimed_by(nc, sid, "h2"), what="h2's claim")
+
+    async def live_past() -> bool:
+        return max(out.blocks(replayed=False)) > last_dead_block + 3
+
+    await eventually(live_past, what="live output on h2")
+
+
+async def finish_input(nc, sid: str, producer: Producer) -> None:
+    await producer.stop()
+    last = producer.acked[-1]
+    assert producer.acked == list(range(1, last + 1))
+
+    async def all_consumed() -> bool:
+        i = await info(nc, "h2", sid)
+        return i.consumed_seq == last and i.input_cursor == last
+
+    # h2's runtime refuses a gap or a duplicate seq, so consuming exactly 1..last from the restored
+    # cursor means no input was lost and none applied twice.
+    await eventually(all_consumed, what="every item consumed on h2")
+
+
+def assert_exact(out: OutputLog, dead: dict, checkpoint_block: int) -> None:
+    replayed = out.blocks(replayed=True)
+    must = sorted(b for b in dead if b > checkpoint_block)
+    assert must, "the dead host showed no block after the checkpoint"
+    assert min(replayed) == checkpoint_block + 1  # regeneration starts right after the restored checkpoint
+    for b in must:
+        assert replayed.get(b) == dead[b], f"regenerated block {b} differs from what the dead host emitted"
+    live = out.blocks(replayed=False)
+    assert min(b for b in live if b > max(must)) == max(replayed) + 1  # live blocks follow the regenerated ones
+    assert out.published_twice() == []
+
+
+def assert_journal_chain(entries) -> None:
+    """The journal's records (those kept after the last checkpoint) cover consecutive items, block after block."""
+    blocks = {b.block: b for e in entries for b in e.blocks}
+    ordered = [blocks[i] for i in sorted(blocks)]
+    for prev, cur in zip(ordered, ordered[1:], strict=False):
+        assert cur.block == prev.block + 1 and cur.first_seq == prev.last_seq + 1
+
+
+async def test_sigkilled_owner_is_replaced_and_its_blocks_regenerate_bit_identical(nats_server, nc, fence, hosts):
+    sid = "exact-kill"
+    h1, _, v1, out, producer = await serve_until_checkpointed(nc, fence, hosts, sid)
+    h1.signal(signal.SIGKILL)
+    h1.proc.wait()
+    dead = out.blocks(replayed=False)
+    await asyncio.sleep(0.3)  # input goes on: stored, some of it released to the dead owner
+    restored = await meta(nc, sid)
+    await take_over(nc, sid, v1, out, max(dead))
+    await finish_input(nc, sid, producer)
+    assert_exact(out, dead, restored.checkpoint_block)
+    assert_journal_chain(await journal(nc, sid))
+    check_log(await read_log(nc.jetstream(), sid))
+
+
+async def test_partitioned_old_owner_is_fenced_out_of_the_journal(nats_server, nc, fence, hosts):
+    sid = "exact-stop"
+    h1, _, v1, out, producer = await serve_until_checkpointed(nc, fence, hosts, sid)
+    h1.signal(signal.SIGSTOP)
+    await asyncio.sleep(0.2)
+    dead = out.blocks(replayed=False)
+    restored = await meta(nc, sid)
+    await take_over(nc, sid, v1, out, max(dead))
+    h1.signal(signal.SIGCONT)  # it still holds the session, with blocks in flight and output queued
+    await asyncio.sleep(2.0)
+    await finish_input(nc, sid, producer)
+    assert_exact(out, dead, restored.checkpoint_block)  # incl.: h1 published no block h2 also published
+    entries = await journal(nc, sid)
+    versions = [e.version for e in entries]
+    assert versions == sorted(versions) and versions[-1] == v1 + 1
+    taken = next(i for i, e in enumerate(entries) if e.version == v1 + 1)  # h2's seal, or its first kept entry
+    assert all(e.server_id == "h2" for e in entries[taken:])
+    check_log(await read_log(nc.jetstream(), sid))  # nothing was released to v1 after v2's assign
