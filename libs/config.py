@@ -27,6 +27,13 @@ class BaseConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     nats_url: str = "nats://127.0.0.1:4222"
     nats_connect_timeout_s: PositiveFloat = 2.0
+    # The NATS user and password of this service (or put them in `nats_url`); see docs/operations.md.
+    nats_user: str = ""
+    nats_password: str = ""
+    # TLS to NATS: the CA that signed the servers' certificates, and this client's certificate (mutual TLS).
+    nats_tls_ca_file: str = ""
+    nats_tls_cert_file: str = ""
+    nats_tls_key_file: str = ""
     # JetStream replicas for the streams and buckets this service creates: 1 alone, 3 on a cluster.
     nats_replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
     instance_id: str = ""
@@ -35,6 +42,9 @@ class BaseConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     telemetry_exporter: Literal["none", "console", "otlp"] = "none"
     otlp_endpoint: str = ""
     heartbeat_s: PositiveFloat = 2.0
+    # Prometheus `/metrics` (libs/metrics_http.py): -1 off, 0 any free port; `statefleet up` gives each a port.
+    metrics_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = -1
+    metrics_host: str = "127.0.0.1"
 
 
 C = TypeVar("C", bound=BaseConfig)

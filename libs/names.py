@@ -117,3 +117,21 @@ BLOCK_JOURNAL_SUBJECTS = "sf.blocks.>"
 
 def block_journal_subject(session_id: str) -> str:
     return f"sf.blocks.{session_id}"
+
+
+# ---------------------------------------------------------------- bus security (harden-bus, issue 13)
+
+# Request/reply: AssignRequest → AssignReply (queue group "fence"; callers: admission, placement, the mover).
+# Fence is the only writer of the ownership log; everyone else asks it here.
+FENCE_ASSIGN = "sf.fence.assign"
+# Replies to a NATS user's requests arrive under this prefix; only that user may subscribe to it.
+INBOX_ROOT = "_INBOX"
+
+
+def inbox_prefix(user: str) -> str:
+    return f"{INBOX_ROOT}.{user}"
+
+
+def service_subjects(service: str) -> str:
+    """Every request subject of one service (`sf.<service>.<verb>`): what its NATS user may serve."""
+    return f"sf.{service}.>"

@@ -47,6 +47,8 @@ class NatsServer:
     routes: list[str] = field(default_factory=list)
     cluster_name: str = "statefleet"
     server_name: str = ""
+    # A config file (e.g. the `authorization` block `libs.bus_auth.write_auth` writes); flags override it.
+    config_file: Path | None = None
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
 
@@ -61,6 +63,8 @@ class NatsServer:
         self.log_path = self.store_dir / "nats-server.log"
         args = [binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir / "js"),
                 "--ports_file_dir", str(ports_dir), "-l", str(self.log_path)]
+        if self.config_file is not None:
+            args += ["-c", str(self.config_file)]
         if self.server_name:
             args += ["-n", self.server_name]
         if self.cluster_port is not None:

@@ -1,10 +1,11 @@
-"""`statefleet` command line: up, serve, status, engines, admit-calc, session."""
+"""`statefleet` command line: up, serve, status, engines, admit-calc, session, nats-auth."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 from libs import config as configmod
 from libs.errors import BadRequest, StatefleetError
@@ -28,6 +29,15 @@ def _up(args: argparse.Namespace) -> int:
 
     return Supervisor(data_dir=args.data_dir, nats_url=args.nats_url, engines=args.engines,
                       device=args.device).run()
+
+
+def _nats_auth(args: argparse.Namespace) -> int:
+    from libs.bus_auth import write_auth
+
+    creds = write_auth(Path(args.out), args.engine_host)
+    print(f"wrote {args.out}/auth.conf (include it in nats-server.conf) and one <user>.env per user: "
+          + ", ".join(sorted(creds)))
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -67,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--engines", type=int, default=2, help="engine hosts to start (default 2)")
     up.add_argument("--device", default="cpu", help="device for engine hosts: cpu, or cuda to use cuda:0..N-1")
     up.set_defaults(func=_up)
+
+    auth = sub.add_parser("nats-auth", help="per-service NATS users and permissions for a production server")
+    auth.add_argument("--out", required=True, help="directory for auth.conf, credentials.json and <user>.env")
+    auth.add_argument("--engine-host", action="append", default=[], help="an engine host id (repeat per host)")
+    auth.set_defaults(func=_nats_auth)
 
     serve = sub.add_parser("serve", help="run one service in the foreground")
     serve.add_argument("service", choices=sorted(SERVICES))

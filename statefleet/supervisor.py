@@ -4,12 +4,15 @@ Children run in their own sessions so a terminal's Ctrl-C reaches only the
 supervisor, which then stops them in order: engine hosts, then services, then
 NATS. Children also carry PR_SET_PDEATHSIG, so even a killed supervisor leaves
 no process behind. A child that crashes is restarted with backoff; one that
-keeps crashing stops the whole tree with a non-zero exit.
+keeps crashing stops the whole tree with a non-zero exit. The embedded
+nats-server is restarted the same way, on the same port and data dir, with
+per-service users (`libs/bus_auth.py`); the services ride out the gap.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -17,15 +20,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs import names
+from libs import bus, bus_auth, names
+from libs.errors import Unavailable
 from libs.natsd import NatsServer
 from libs.procs import die_with_parent
 
 # Fixed HTTP ports for the two HTTP front doors (override with SF_*_HTTP_PORT in the environment).
 HTTP_PORTS = {"admission": 8700, "fence": 8701}
+# Prometheus /metrics of each process: services at base + their index, engine host i at base + 10 + i
+# (base 9700; SF_METRICS_BASE_PORT overrides it, 0 gives every process a free port of its own).
+METRICS_BASE_PORT = 9700
 RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 10.0
+
+
+def _count_restart(restarts: list[float]) -> list[float]:
+    """The restart times within the window, this one included."""
+    now = time.monotonic()
+    return [t for t in restarts if now - t < RESTART_WINDOW_S] + [now]
 
 
 @dataclass
@@ -61,6 +74,8 @@ class Supervisor:
         self.engines = engines
         self.device = device
         self.nats: NatsServer | None = None
+        self.nats_restarts: list[float] = []
+        self.credentials: dict[str, bus_auth.Credential] = {}
         self.children: list[Child] = []
         self._stop_requested = False
 
@@ -68,6 +83,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._request_stop)
         signal.signal(signal.SIGTERM, self._request_stop)
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.admin_token_path = self._admin_token()
         try:
             self._start_nats()
             self._start_children()
@@ -79,27 +95,59 @@ class Supervisor:
     def _request_stop(self, *_: object) -> None:
         self._stop_requested = True
 
+    @property
+    def host_ids(self) -> list[str]:
+        return [f"engine-{i}" for i in range(self.engines)]
+
     def _start_nats(self) -> None:
-        if not self.nats_url:
-            self.nats = NatsServer(store_dir=self.data_dir / "nats").start()
-            self.nats_url = self.nats.url
-        (self.data_dir / "nats.url").write_text(self.nats_url + "\n")
+        url_file = self.data_dir / "nats.url"
+        if self.nats_url:
+            url_file.write_text(self.nats_url + "\n")
+            return
+        # Embedded: every process gets its own NATS user; the CLI's credentials go in nats.url (0600).
+        self.credentials = bus_auth.write_auth(self.data_dir / "nats" / "auth", self.host_ids)
+        self.nats = NatsServer(store_dir=self.data_dir / "nats",
+                               config_file=self.data_dir / "nats" / "auth" / "auth.conf").start()
+        self.nats_url = self.nats.url
+        url_file.touch(mode=0o600)
+        url_file.chmod(0o600)
+        url_file.write_text(bus_auth.url_with(self.nats_url, self.credentials[bus_auth.CLI_USER]) + "\n")
+
+    def _auth_env(self, service: str, host_id: str = "") -> dict[str, str]:
+        if not self.credentials:
+            return {}
+        cred = self.credentials[bus_auth.user_for(service, host_id)]
+        return {"SF_NATS_USER": cred.user, "SF_NATS_PASSWORD": cred.password}
+
+    def _admin_token(self) -> Path:
+        """The operator's admin token (dashboard actions, /v1/admin/*): made once, kept mode 0600, never printed."""
+        path = self.data_dir / "admin.token"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_text(secrets.token_urlsafe(32) + "\n")
+        return path
 
     def _start_children(self) -> None:
         base = {"SF_NATS_URL": self.nats_url, "SF_LOG_JSON": "true"}
-        for name in names.SERVICES:
-            if name == "engine_host":
-                continue
-            env = {**base, "SF_INSTANCE_ID": f"{name}-0"}
+        page = f"http://127.0.0.1:{self._http_port('admission')}"
+        metrics = int(os.environ.get("SF_METRICS_BASE_PORT", METRICS_BASE_PORT))
+        for i, name in enumerate(n for n in names.SERVICES if n != "engine_host"):
+            env = {**base, **self._auth_env(name), "SF_INSTANCE_ID": f"{name}-0",
+                   "SF_METRICS_PORT": str(metrics and metrics + i)}
             if name in HTTP_PORTS:
                 env["SF_HTTP_PORT"] = self._http_port(name)
             if name == "admission":  # clients are told where fence's ingress is
                 env["SF_INGRESS_URL"] = f"http://127.0.0.1:{self._http_port('fence')}"
+                env["SF_ADMIN_TOKEN"] = self.admin_token_path.read_text().strip()
+            if name == "fence":  # the pages admission serves may open session sockets
+                env["SF_ALLOWED_ORIGINS"] = f"{page},{page.replace('127.0.0.1', 'localhost')}"
             self.children.append(Child(name, env, self.data_dir / "logs" / f"{name}.log"))
-        for i in range(self.engines):
+        for i, host_id in enumerate(self.host_ids):
             device = f"cuda:{i}" if self.device == "cuda" else self.device
-            env = {**base, "SF_HOST_ID": f"engine-{i}", "SF_INSTANCE_ID": f"engine-{i}", "SF_DEVICE": device,
-                   "SF_CHECKPOINT_DIR": str(self.data_dir / "checkpoints")}
+            env = {**base, **self._auth_env("engine_host", host_id),
+                   "SF_HOST_ID": host_id, "SF_INSTANCE_ID": host_id, "SF_DEVICE": device,
+                   "SF_CHECKPOINT_DIR": str(self.data_dir / "checkpoints"),
+                   "SF_METRICS_PORT": str(metrics and metrics + 10 + i)}
             self.children.append(Child(f"engine-{i}", env, self.data_dir / "logs" / f"engine-{i}.log"))
         for child in self.children:
             child.start()
@@ -109,7 +157,7 @@ class Supervisor:
         return os.environ.get(f"SF_{service.upper()}_HTTP_PORT", str(HTTP_PORTS[service]))
 
     def _print_table(self) -> None:
-        print(f"statefleet up — NATS {self.nats_url}" + (" (embedded)" if self.nats else " (external)"))
+        print(f"statefleet up — NATS {bus.redacted(self.nats_url)}" + (" (embedded)" if self.nats else " (external)"))
         print(f"{'process':<12} {'pid':>7}  {'where':<28} log")
         if self.nats:
             print(f"{'nats-server':<12} {self.nats.proc.pid:>7}  {self.nats_url:<28} {self.nats.log_path}")
@@ -117,19 +165,24 @@ class Supervisor:
             where = c.env.get("SF_DEVICE") or (f"http://127.0.0.1:{c.env['SF_HTTP_PORT']}"
                                                if "SF_HTTP_PORT" in c.env else "bus only")
             print(f"{c.name:<12} {c.proc.pid:>7}  {where:<28} {c.log_path}")
+        page = f"http://127.0.0.1:{self._http_port('admission')}"
+        print(f"session page     {page}/session")
+        print(f"fleet dashboard  {page}/dashboard  (admin token in {self.admin_token_path})")
+        ports = sorted(int(c.env["SF_METRICS_PORT"]) for c in self.children)
+        where = f"ports {ports[0]}..{ports[-1]}" if ports[-1] else "a free port each (see the logs)"
+        print(f"metrics          http://127.0.0.1:PORT/metrics on {where} (Prometheus)")
         print("`statefleet status` shows the fleet; Ctrl-C stops everything.", flush=True)
 
     def _watch(self) -> int:
         while not self._stop_requested:
             time.sleep(0.25)
-            if self.nats and self.nats.proc.poll() is not None:
-                print(f"nats-server exited ({self.nats.proc.returncode}); stopping", file=sys.stderr)
-                return 1
+            if self.nats and self.nats.proc.poll() is not None and not self._stop_requested:
+                if not self._restart_nats():
+                    return 1
             for c in self.children:
                 if c.proc.poll() is None or self._stop_requested:
                     continue
-                now = time.monotonic()
-                c.restarts = [t for t in c.restarts if now - t < RESTART_WINDOW_S] + [now]
+                c.restarts = _count_restart(c.restarts)
                 if len(c.restarts) > RESTART_LIMIT:
                     print(f"{c.name} crashed {RESTART_LIMIT} times in {RESTART_WINDOW_S:.0f}s; stopping "
                           f"(see {c.log_path})", file=sys.stderr)
@@ -137,6 +190,22 @@ class Supervisor:
                 print(f"{c.name} exited with {c.proc.returncode}; restarting", file=sys.stderr, flush=True)
                 c.start()
         return 0
+
+    def _restart_nats(self) -> bool:
+        """Start NATS again on its port and data dir; the services reconnect on their own."""
+        print(f"nats-server exited ({self.nats.proc.returncode}); restarting", file=sys.stderr, flush=True)
+        self.nats_restarts = _count_restart(self.nats_restarts)
+        if len(self.nats_restarts) > RESTART_LIMIT:
+            print(f"nats-server crashed {RESTART_LIMIT} times in {RESTART_WINDOW_S:.0f}s; stopping "
+                  f"(see {self.nats.log_path})", file=sys.stderr)
+            return False
+        try:
+            self.nats.start()
+        except Unavailable as e:
+            print(f"nats-server did not restart: {e}; stopping", file=sys.stderr)
+            return False
+        print(f"nats-server restarted (pid {self.nats.proc.pid}) on {self.nats.url}", file=sys.stderr, flush=True)
+        return True
 
     def _stop_all(self) -> None:
         engines = [c for c in self.children if c.service == "engine_host"]

@@ -35,19 +35,21 @@ CONTRACT = {"session_class": "C3", "quality_floor": 1, "determinism": "T0"}
 
 @pytest.fixture
 async def fleet(nats_server, tmp_path):
-    url = nats_server.url
-    quiet = dict(nats_url=url, log_json=False, heartbeat_s=0.5)
-    fence = FenceService(FenceConfig(**quiet, http_port=0))
+    quiet = dict(log_json=False, heartbeat_s=0.5)
+    as_user = nats_server.url_for  # each service under its own NATS user and permissions
+    fence = FenceService(FenceConfig(**quiet, nats_url=as_user("fence"), http_port=0))
     await fence.start()
-    services = [fence, PlacementService(PlacementConfig(**quiet)), MoverService(MoverConfig(**quiet))]
+    services = [fence, PlacementService(PlacementConfig(**quiet, nats_url=as_user("placement"))),
+                MoverService(MoverConfig(**quiet, nats_url=as_user("mover")))]
     for svc in services[1:]:
         await svc.start()
-    hosts = [EngineHostService(EngineHostConfig(**quiet, host_id=h, profile_blocks=1, checkpoint_every_s=60.0,
+    hosts = [EngineHostService(EngineHostConfig(**quiet, nats_url=as_user("engine_host", h), host_id=h,
+                                                profile_blocks=1, checkpoint_every_s=60.0,
                                                 checkpoint_dir=str(tmp_path / "ckpt"), torch_threads=1))
              for h in ("e0", "e1")]
     for h in hosts:
         await h.start()
-    admission = AdmissionService(AdmissionConfig(**quiet, http_port=0,
+    admission = AdmissionService(AdmissionConfig(**quiet, nats_url=as_user("admission"), http_port=0,
                                                  ingress_url=f"http://127.0.0.1:{fence.http_port}"))
     await admission.start()
     for _ in range(200):  # admission sees both engine hosts' heartbeats

@@ -1,7 +1,8 @@
 """Ownership writes for placement, mover and failover: `assign`, and reading the current owner.
 
-`assign` is a compare-and-set append: version = previous + 1 at the log position
-read. Without `expect_version` it retries on a lost race (the caller wants this
+`assign` asks fence (`sf.fence.assign`), the ownership log's only writer, which
+runs `append_assign`: a compare-and-set append, version = previous + 1 at the log
+position read. Without `expect_version` it retries on a lost race (the caller wants this
 server to own the session whatever happened meanwhile); with it, a session that
 moved on since the caller looked is a `Conflict`, never a silent overwrite.
 """
@@ -19,7 +20,7 @@ from libs import bus, errors, names
 from libs.fence import core, session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import SessionSummary
-from libs.schemas.fence import AssignNotice, SessionView
+from libs.schemas.fence import AssignNotice, AssignReply, AssignRequest, SessionView
 
 _log = structlog.get_logger("statefleet.fence")
 
@@ -34,7 +35,21 @@ class Assigned:
 
 async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str, *,
                  expect_version: int | None = None) -> Assigned:
-    """Make `server_id` the assigned owner (unclaimed) with the next version; notify it."""
+    """Ask fence to make `server_id` the assigned owner (unclaimed) with the next version.
+
+    Fence is the log's only writer (`names.FENCE_ASSIGN`); `js` stays in the signature so callers
+    that read the log with it call this unchanged.
+    """
+    del js
+    session_log.check_session_id(session_id)
+    reply = await bus.request(nc, names.FENCE_ASSIGN, AssignRequest(
+        session_id=session_id, server_id=server_id, expect_version=expect_version), AssignReply)
+    return Assigned(reply.session_id, reply.server_id, reply.version, reply.log_seq)
+
+
+async def append_assign(nc: NATS, js: JetStreamContext, request: AssignRequest) -> AssignReply:
+    """The append behind `sf.fence.assign` (run by fence only): a compare-and-set on the log, then a notice."""
+    session_id, server_id, expect_version = request.session_id, request.server_id, request.expect_version
     session_log.check_session_id(session_id)
     for _ in range(bus.MAX_CAS_ATTEMPTS):
         tail = await session_log.read_tail(js, session_id)
@@ -51,7 +66,7 @@ async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str
             session_id=session_id, server_id=server_id, version=event.version, log_seq=new.seq)))
         await update_summary(js, session_id, new.view)
         _log.info("assigned", session_id=session_id, server_id=server_id, version=event.version, log_seq=new.seq)
-        return Assigned(session_id, server_id, event.version, new.seq)
+        return AssignReply(session_id=session_id, server_id=server_id, version=event.version, log_seq=new.seq)
     raise errors.Conflict("assign kept losing the race", session_id=session_id)
 
 

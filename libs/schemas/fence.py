@@ -138,6 +138,25 @@ class CloseReply(Msg):
     log_seq: int
 
 
+class AssignRequest(Msg):
+    """`sf.fence.assign`: make `server_id` the assigned owner at the next version.
+
+    With `expect_version` set, a session whose latest version is another one is a `Conflict`
+    (the caller decided on a view that moved on); without it, fence retries a lost race.
+    """
+
+    session_id: str
+    server_id: str
+    expect_version: int | None = None
+
+
+class AssignReply(Msg):
+    session_id: str
+    server_id: str
+    version: int
+    log_seq: int
+
+
 class AssignNotice(Msg):
     """Published on `sf.fence.assigned.<server_id>` after an assign lands: a hint, the log decides."""
 

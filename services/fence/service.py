@@ -14,10 +14,11 @@ from aiohttp import web
 
 from libs import bus, names
 from libs.config import BaseConfig, PositiveInt
-from libs.fence import session_log
-from libs.schemas.fence import CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
+from libs.fence import ownership, session_log
+from libs.schemas.fence import AssignRequest, CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
 from libs.service import Service
 from libs.telemetry import traced
+from libs.ws_auth import Origins
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
@@ -37,6 +38,9 @@ class FenceConfig(BaseConfig, kw_only=True):
     max_release_items: PositiveInt = 64  # items per release record and per stored input batch
     max_release_bytes: PositiveInt = 512 * 1024  # payload bytes per release record / input batch (NATS max is 1 MiB)
     dedupe_items: PositiveInt = 256  # a resent item is recognised by its id among the session's last this many
+    # Browser origins (besides the ingress's own) whose pages may open session sockets, e.g. the session
+    # page admission serves; `statefleet up` sets it. Comma-separated, e.g. "http://127.0.0.1:8700".
+    allowed_origins: str = ""
 
 
 class FenceService(Service):
@@ -58,20 +62,24 @@ class FenceService(Service):
                 ("fence.register", names.FENCE_REGISTER, RegisterRequest, self.sessions.register),
                 ("fence.meta", names.FENCE_META, MetaRequest, self.sessions.meta),
                 ("fence.checkpoint", names.FENCE_CHECKPOINT, CheckpointRequest, self.sessions.checkpoint),
-                ("fence.close", names.FENCE_CLOSE, CloseRequest, self.sessions.close)):
+                ("fence.close", names.FENCE_CLOSE, CloseRequest, self.sessions.close),
+                ("fence.assign", names.FENCE_ASSIGN, AssignRequest, self._assign)):
             await bus.serve(self.nc, subject, req_type, traced(span, handler, tracer_name="statefleet.fence"),
                             queue="fence")
         await self.nc.subscribe(names.FENCE_CLOSED, cb=self._on_closed)
         await self.gateway.start(self.spawn)
         ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions),
                           max_item_bytes=cfg.max_item_bytes,
-                          max_pending_items=cfg.max_pending_items)
+                          max_pending_items=cfg.max_pending_items, origins=Origins(cfg.allowed_origins.split(",")))
         self._runner = web.AppRunner(ingress.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)
         await site.start()
         self.http_port = self._runner.addresses[0][1]
         self.log.info("ingress_listening", host=cfg.http_host, port=self.http_port)
+
+    async def _assign(self, request: AssignRequest):
+        return await ownership.append_assign(self.nc, self.js, request)
 
     async def _on_closed(self, msg) -> None:
         session_id = msg.data.decode(errors="replace")

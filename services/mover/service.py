@@ -24,7 +24,6 @@ import msgspec
 from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat
 from libs.errors import Conflict, IntegrityError, Rejected, StatefleetError, Timeout
-from libs.fence import session_log
 from libs.fence.ownership import assign, read_owner
 from libs.schemas.base import decode, encode
 from libs.schemas.motion import (
@@ -66,7 +65,6 @@ class MoverService(Service):
         await bus.ensure_stream(self.js, bus.StreamSpec(name=names.MOVES_STREAM, subjects=[names.MOVE_RECEIPT_SUBJECTS],
                                                         replicas=cfg.nats_replicas))
         self.journal = await bus.ensure_kv(self.js, names.MOVES_INFLIGHT_BUCKET, replicas=cfg.nats_replicas)
-        await session_log.provision(self.js, cfg.nats_replicas)  # ownership is read and written on fence's log
         await self.recover()
         await bus.serve(self.nc, names.MOVER_MOVE, MoveRequest, self.move, queue=self.name)
 

@@ -17,12 +17,22 @@ from libs.motion.endpoint import MotionEndpoint
 from libs.motion.slot import SlotState
 from libs.schemas.common import Ping, Pong
 from libs.schemas.motion import MoveReceipt, MoveRequest
+from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
 from tests.motion.dicthost import DictHost, advance, make_tree, tree_bytes
 
 
 @pytest.fixture
-async def endpoints(nats_server, nc):
+async def fence(nats_server):
+    """The hand-over's assign goes through fence, the ownership log's only writer."""
+    service = FenceService(FenceConfig(nats_url=nats_server.url_for("fence"), http_port=0, log_json=False))
+    await service.start()
+    yield service
+    await service.stop()
+
+
+@pytest.fixture
+async def endpoints(nats_server, nc, fence):
     """Three hosts with their motion endpoints, and every receipt published; no coordinator yet."""
     hosts = {h: DictHost() for h in ("a", "b", "c")}
     eps = {h: MotionEndpoint(nc, h, host) for h, host in hosts.items()}
@@ -42,7 +52,7 @@ async def endpoints(nats_server, nc):
 @pytest.fixture
 async def fleet(nats_server, endpoints):
     hosts, eps, receipts = endpoints
-    cfg = load(MoverConfig, env={"SF_NATS_URL": nats_server.url, "SF_PRIOR_BANDWIDTH_BPS": "1e9",
+    cfg = load(MoverConfig, env={"SF_NATS_URL": nats_server.url_for("mover"), "SF_PRIOR_BANDWIDTH_BPS": "1e9",
                                  "SF_SETUP_S": "0.01", "SF_CHUNK_BYTES": "65536"})
     mover = MoverService(cfg)
     await mover.start()

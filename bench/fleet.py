@@ -1,0 +1,201 @@
+"""Fleet simulator: six provisioning arms on one workload, driven by the placement service's own policy functions.
+
+`python -m bench.fleet [--quick] [--trace PATH] [--seed N] --json PATH`
+
+Sessions start when the trace's requests arrive (any format in /work/shared/traces, detected by
+content; without `--trace`, a generated day of diurnal swings and bursts) and take their length,
+activity and size from published figures, drawn from the seed (`bench/fleet_workload.py`).
+Every arm replays the same sessions in the same discrete-event model (`bench/fleet_sim.py`);
+the arms are in `bench/fleet_arms.py`. Numbers are simulated, not measured on hardware: the
+latency model is calibrated on profile rows (inputs stated in the JSON), so they compare
+policies, not machines. `docs/fleet.md` explains the model and carries the latest numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from bench import fleet_arms as arms
+from bench import fleet_trace, fleet_workload
+from bench.common import parser, table, write
+from bench.fleet_sim import GUARD, PERIOD_MS, PROFILE, PROVISION_S, ROW, Sim, share
+from services.placement.policy import Params
+
+TARGETS = {"gpu_hours_cut_vs_static_peak": 0.372, "worst_chunk_cut_vs_static_peak": 0.375}
+QUICK = {"concurrency": 150, "request_span_s": 1800.0, "servegen_span_s": 5400.0, "generated_span_s": 5400.0}
+FULL = {"concurrency": 600, "request_span_s": None, "servegen_span_s": 86400.0, "generated_span_s": 12 * 3600.0}
+TICK_S = 5.0
+
+
+def params(model: str) -> Params:
+    return Params(guard=GUARD, latency_model=model)
+
+
+def workload(trace: Path | None, seed: int, size: dict) -> tuple[str, list[fleet_workload.SessionSpec], dict]:
+    rng = np.random.default_rng(seed)
+    if trace is None:
+        span = size["generated_span_s"]
+        arrivals = fleet_trace.generated(span, size["concurrency"] / fleet_workload.mean_duration_s(), rng)
+        kind = "generated"
+    else:
+        kind, got = fleet_trace.rows(trace)
+        if kind == "servegen":
+            span = size["servegen_span_s"]
+            wanted = size["concurrency"] / fleet_workload.mean_duration_s()
+            arrivals = fleet_trace.servegen_arrivals(got, wanted / fleet_trace.servegen_mean_rate(got, span), span, rng)
+        else:
+            span = size["request_span_s"]
+            arrivals = [a for a in got if span is None or a.t_s <= span]
+    keep = fleet_workload.keep_probability(arrivals, size["concurrency"]) if kind in ("azure", "mooncake") else 1.0
+    specs = fleet_workload.sessions(arrivals, keep, ROW[8].state_bytes, rng)
+    return kind, specs, {"format": kind, "arrivals": len(arrivals), "keep_probability": keep, "sessions": len(specs)}
+
+
+def offered(specs: list[fleet_workload.SessionSpec]) -> tuple[float, float, float]:
+    """(peak, mean, end): device demand of the sessions over time, assuming nothing waits or idles."""
+    edges = sorted([(s.arrival_s, share(s.tier)) for s in specs] + [(s.arrival_s + s.duration_s, -share(s.tier))
+                                                                   for s in specs])
+    load = peak = area = 0.0
+    last = edges[0][0] if edges else 0.0
+    for t, d in edges:
+        area += load * (t - last)
+        load, last = load + d, t
+        peak = max(peak, load)
+    end = edges[-1][0] if edges else 0.0
+    return peak, area / max(end, 1e-9), end
+
+
+def progress(label: str, frac: float) -> None:
+    print(f"  {label:<17} {100 * frac:5.1f}% simulated", file=sys.stderr, flush=True)
+
+
+def run_arms(specs: list[fleet_workload.SessionSpec], p: Params, end: float, peak_hosts: int, avg_hosts: int) -> dict:
+    start_hosts = p.min_hosts + p.warm_pool_hosts
+    plan = [
+        ("static_peak", arms.first_fit(p), p, peak_hosts),
+        ("static_average", arms.first_fit(p), p, avg_hosts),
+        ("migration_only", arms.policy(p, scaling=False, offload=False), p, peak_hosts),
+        ("autoscaling_only", arms.policy(arms.autoscaling_only_params(p), rebalancing=False, offload=False),
+         arms.autoscaling_only_params(p), start_hosts),
+        ("joint_greedy", arms.greedy(p), p, start_hosts),
+        ("statefleet", arms.policy(p), p, start_hosts),
+    ]
+    out = {}
+    for name, decide, arm_params, hosts in plan:
+        t0 = time.perf_counter()
+        react = decide if name.startswith("static") else arms.reacting(arm_params)
+        out[name] = Sim(specs, decide, arm_params, hosts, TICK_S, end, name, progress, react).run()
+        out[name]["wall_s"] = time.perf_counter() - t0
+        r = out[name]
+        print(f"  {name:<17} done in {r['wall_s']:.1f} s: {r['gpu_hours']:.1f} GPU-h, worst {r['worst_chunk_ms']:.0f} ms, "
+              f"p99 {r['p99_chunk_ms']:.0f} ms, {r['migrations']} moves, {r['dropped_sessions']} dropped",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def compare(res: dict) -> dict:
+    peak, greedy = res["static_peak"], res["joint_greedy"]
+    for r in res.values():
+        r["vs_static_peak"] = {"gpu_hours_ratio": _ratio(r["gpu_hours"], peak["gpu_hours"]),
+                               "worst_chunk_ratio": _ratio(r["worst_chunk_ms"], peak["worst_chunk_ms"])}
+        r["vs_joint_greedy"] = {"gpu_hours_ratio": _ratio(r["gpu_hours"], greedy["gpu_hours"]),
+                                "worst_chunk_ratio": _ratio(r["worst_chunk_ms"], greedy["worst_chunk_ms"])}
+    sf = res["statefleet"]
+    gpu_cut = 1 - sf["vs_static_peak"]["gpu_hours_ratio"]
+    worst_cut = 1 - sf["vs_static_peak"]["worst_chunk_ratio"]
+    return {
+        "gpu_hours_cut_vs_static_peak": _target(gpu_cut, f">= {TARGETS['gpu_hours_cut_vs_static_peak']}",
+                                                gpu_cut >= TARGETS["gpu_hours_cut_vs_static_peak"]),
+        "worst_chunk_cut_vs_static_peak": _target(worst_cut, f">= {TARGETS['worst_chunk_cut_vs_static_peak']}",
+                                                  worst_cut >= TARGETS["worst_chunk_cut_vs_static_peak"]),
+        "fewer_gpu_hours_than_joint_greedy": _target(sf["gpu_hours"] - greedy["gpu_hours"], "< 0",
+                                                     sf["gpu_hours"] < greedy["gpu_hours"]),
+        "worst_chunk_no_worse_than_joint_greedy": _target(sf["worst_chunk_ms"] - greedy["worst_chunk_ms"], "<= 0",
+                                                          sf["worst_chunk_ms"] <= greedy["worst_chunk_ms"]),
+        "no_dropped_sessions": _target(sf["dropped_sessions"], "== 0", sf["dropped_sessions"] == 0),
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def _target(value: float, goal: str, met: bool) -> dict:
+    return {"value": value, "target": goal, "met": met}
+
+
+def plot(path: Path, res: dict, title: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for name, r in res.items():
+        hours = [t / 3600 for t in r["series"]["t_s"]]
+        top.plot(hours, r["series"]["gpus"], lw=1, label=name)
+        bottom.plot(hours, r["series"]["p99_chunk_ms"], lw=1, label=name)
+    top.set_ylabel("GPUs in use")
+    bottom.set_ylabel("p99 chunk latency (ms)")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("simulated time (h)")
+    top.set_title(title)
+    top.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def summary(res: dict, targets: dict) -> None:
+    print(f"\n  {'arm':<17} {'GPU-h':>8} {'worst ms':>9} {'p99 ms':>7} {'SLO miss':>9} {'moves':>6} "
+          f"{'rejected':>8} {'dropped':>7} {'GPU-h/peak':>10} {'worst/peak':>10}")
+    for name, r in res.items():
+        print(f"  {name:<17} {r['gpu_hours']:8.1f} {r['worst_chunk_ms']:9.1f} {r['p99_chunk_ms']:7.1f} "
+              f"{r['slo_miss_rate']:9.4f} {r['migrations']:6d} {r['rejected_moves']:8d} {r['dropped_sessions']:7d} "
+              f"{r['vs_static_peak']['gpu_hours_ratio']:10.3f} {r['vs_static_peak']['worst_chunk_ratio']:10.3f}")
+    print()
+    table([(k, v["value"], f"target {v['target']}: {'met' if v['met'] else 'MISSED'}") for k, v in targets.items()])
+
+
+def main() -> None:
+    ap = parser("fleet", __doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, help="a trace file (Azure CSV, Mooncake JSONL, ServeGen client windows)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--latency-model", choices=("profile", "colocation"), default="profile")
+    args = ap.parse_args()
+    size = QUICK if args.quick else FULL
+    kind, specs, shape = workload(args.trace, args.seed, size)
+    if not specs:
+        sys.exit("the trace yielded no sessions")
+    peak, mean, end = offered(specs)
+    limit = 1.0 - GUARD.busy_fraction
+    peak_hosts, avg_hosts = math.ceil(peak / limit), max(1, math.ceil(mean / limit))
+    print(f"{kind}: {len(specs)} sessions over {end / 3600:.2f} h; offered load peak {peak:.1f} / mean {mean:.1f} "
+          f"devices -> static peak {peak_hosts} hosts, static average {avg_hosts}", file=sys.stderr)
+    p = params(args.latency_model)
+    res = run_arms(specs, p, end + TICK_S, peak_hosts, avg_hosts)
+    targets = compare(res)
+    png = plot(args.json.with_suffix(".png"), res, f"{kind} trace, seed {args.seed}"
+               + (" (quick)" if args.quick else ""))
+    summary(res, targets)
+    write(args.json, {
+        "benchmark": "fleet", "quick": args.quick, "seed": args.seed,
+        "trace": str(args.trace) if args.trace else None, "workload": shape | {
+            "offered_peak_devices": peak, "offered_mean_devices": mean, "span_h": end / 3600,
+            "static_peak_hosts": peak_hosts, "static_average_hosts": avg_hosts},
+        "model": {"tick_s": TICK_S, "period_ms": PERIOD_MS, "provision_s": PROVISION_S,
+                  "profile_rows": msgspec.to_builtins(PROFILE), "params": msgspec.to_builtins(p)},
+        "arms": res, "targets": targets, "plot": png})
+
+
+if __name__ == "__main__":
+    main()

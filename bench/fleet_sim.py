@@ -1,0 +1,437 @@
+"""The discrete-event fleet model the arms run in: hosts, sessions, moves, suspends, and what chunks cost.
+
+Events (arrivals, departures, hosts coming up, moves committing) sit in a heap; every
+`tick_s` the arm's policy sees a snapshot (`services.placement.policy.Fleet`) and its actions
+are applied here, the way the placement service would apply them. Chunk latency between ticks
+comes from the same latency model the policy predicts with (`policy.latency`), on the hosts'
+actual load; a move's cut-over freeze and a stop-and-copy's whole transfer are added to the
+chunks they delay. Moves run at the path's rate split among the moves arriving at the same
+receiver (incast), and a move the admissibility calculator would refuse, if an arm executes it
+anyway, runs as stop-and-copy: pre-copy cannot converge on that path within the horizon.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bench.fleet_workload import SessionSpec
+from libs import admissibility
+from libs.contracts import Contract, Demand, Guard
+from libs.schemas.common import EngineEntry, ProfileRow
+from services.placement.policy import (
+    Decision,
+    Drain,
+    Fleet,
+    Host,
+    Move,
+    Params,
+    PathRates,
+    Place,
+    Release,
+    Resume,
+    ScaleOut,
+    Session,
+    Suspend,
+)
+from services.placement.policy import latency as lat
+
+GIB = 1 << 30
+BACKEND = "world"
+PERIOD_MS = 100.0
+# Profile rows as an engine host reports them (the shape bench.admission uses): inputs to the model.
+PROFILE = [ProfileRow(backend=BACKEND, tier=t, quantum_ms=q, block_ms=1.5 * q, state_bytes=4 * GIB,
+                      media_s_per_block=0.1) for t, q in ((4, 10.0), (8, 20.0), (16, 40.0))]
+ROW = {r.tier: r for r in PROFILE}
+HOST_MEMORY = 80 * GIB
+GUARD = Guard(busy_fraction=0.1, memory_fraction=0.05, max_sessions=16)
+ZONE_SIZE = 8
+FAST_NIC_BPS = admissibility.gbps(100)
+SLOW_NIC_BPS = admissibility.gbps(25)  # every fourth host: an older NIC
+CROSS_ZONE_BPS = admissibility.gbps(25)
+PROVISION_S = 60.0  # scale-out: boot and pre-warm an engine host
+RESUME_BPS = 20e9  # host memory → device
+MAX_QUEUE_S = 120.0  # a session waiting longer than this is dropped
+CONTRACTS = {t: Contract(session_class="C1", quality_floor=t, determinism="T1", period_ms=PERIOD_MS) for t in ROW}
+PATHS = PathRates(default_bps=FAST_NIC_BPS, cross_zone_bps=CROSS_ZONE_BPS)
+
+Decide = Callable[[Fleet], Decision]
+
+
+def share(tier: int) -> float:
+    return ROW[tier].quantum_ms / PERIOD_MS
+
+
+@dataclass(slots=True)
+class SimHost:
+    idx: int
+    requested_at: float
+    state: str = "starting"  # starting | up | draining | released
+    released_at: float = math.nan
+    resident: set[str] = field(default_factory=set)  # on the device (serving, or moving away)
+    suspended: set[str] = field(default_factory=set)  # in host memory
+    incoming: dict[str, Demand] = field(default_factory=dict)
+
+    @property
+    def host_id(self) -> str:
+        return f"h{self.idx:05d}"
+
+    @property
+    def zone(self) -> str:
+        return f"z{self.idx // ZONE_SIZE}"
+
+    @property
+    def nic_bps(self) -> float:
+        return SLOW_NIC_BPS if self.idx % 4 == 3 else FAST_NIC_BPS
+
+
+@dataclass(slots=True)
+class SimSession:
+    spec: SessionSpec
+    state: str = "pending"  # pending (not arrived) | queued | serving | moving | suspended | done | dropped
+    host: str = ""
+    moves: list[float] = field(default_factory=list)
+    suspended_at: float = 0.0
+    idle_until: float = 0.0
+    idle_starts: list[float] = field(default_factory=list)
+    move_to: str = ""
+
+    def last_input_at(self, now: float) -> float:
+        i = bisect.bisect_right(self.idle_starts, now) - 1
+        if i >= 0 and now < self.spec.idle[i][1]:
+            return self.spec.idle[i][0]
+        return now
+
+
+class Stats:
+    """Chunk latencies as a weighted histogram (0.1 ms bins), overall and per plot bucket."""
+
+    def __init__(self, bucket_s: float) -> None:
+        self.bucket_s = bucket_s
+        self.hist: Counter[int] = Counter()
+        self.buckets: dict[int, Counter[int]] = {}
+        self.gpus: dict[int, list[int]] = {}
+        self.chunks = 0.0
+        self.misses = 0.0
+        self.worst = 0.0
+        self.resume_delays: list[float] = []
+        self.queue_waits: list[float] = []
+
+    def chunk(self, now: float, ms: float, weight: float, slo: float) -> None:
+        k = int(ms * 10)
+        self.hist[k] += weight
+        self.buckets.setdefault(int(now / self.bucket_s), Counter())[k] += weight
+        self.chunks += weight
+        if ms > slo:
+            self.misses += weight
+        self.worst = max(self.worst, ms)
+
+
+def quantile(hist: Counter[int], q: float) -> float:
+    total = sum(hist.values())
+    if not total:
+        return 0.0
+    need, run = q * total, 0.0
+    for k in sorted(hist):
+        run += hist[k]
+        if run >= need:
+            return k / 10
+    return max(hist) / 10
+
+
+class Sim:
+    def __init__(self, specs: list[SessionSpec], decide: Decide, params: Params, hosts: int, tick_s: float,
+                 end_s: float, label: str, progress: Callable[[str, float], None], react: Decide) -> None:
+        self.decide, self.params, self.tick_s, self.end_s = decide, params, tick_s, end_s
+        self.react = react  # the arm's answer to an arrival, or to input reaching a suspended session
+        self.label, self.progress = label, progress
+        self.sessions = {s.session_id: SimSession(s, idle_starts=[a for a, _ in s.idle]) for s in specs}
+        self.hosts: dict[str, SimHost] = {}
+        self.released: list[SimHost] = []
+        self.next_idx = 0
+        self.events: list[tuple[float, int, str, str]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.stats = Stats(bucket_s=max(60.0, end_s / 240))
+        self.counts = Counter()
+        self.last_out = self.last_in = -math.inf
+        for s in specs:
+            self._push(s.arrival_s, "arrive", s.session_id)
+            self._push(s.arrival_s + s.duration_s, "leave", s.session_id)
+            for _, end in s.idle:
+                self._push(end, "input", s.session_id)
+        for _ in range(hosts):
+            h = self._new_host(0.0)
+            h.state = "up"
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> dict:
+        t, last_report = 0.0, -math.inf
+        while t <= self.end_s:
+            self._events_until(t)
+            self._account(t)
+            self.now = t
+            self._expire_queue()
+            self._apply(self.decide(self.snapshot()))
+            self._record_gpus()
+            if t - last_report >= self.end_s / 10:
+                self.progress(self.label, t / self.end_s)
+                last_report = t
+            t += self.tick_s
+        self._events_until(self.end_s)
+        return self.result()
+
+    def _push(self, t: float, kind: str, key: str) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, key))
+
+    def _events_until(self, t: float) -> None:
+        while self.events and self.events[0][0] <= t:
+            when, _, kind, key = heapq.heappop(self.events)
+            self.now = when
+            getattr(self, f"_on_{kind}")(key)
+
+    # ------------------------------------------------------------ events
+
+    def _on_arrive(self, sid: str) -> None:
+        self.sessions[sid].state = "queued"
+        self.counts["arrived"] += 1
+        self._apply(self.react(self.snapshot()))
+
+    def _on_leave(self, sid: str) -> None:
+        s = self.sessions[sid]
+        if s.state == "queued":
+            self._drop(s, "left_while_queued")
+            return
+        if s.state in ("done", "dropped"):
+            return
+        self._detach(s)
+        s.state = "done"
+
+    def _on_input(self, sid: str) -> None:
+        if self.sessions[sid].state == "suspended":
+            self._apply(self.react(self.snapshot()))
+
+    def _on_ready(self, host_id: str) -> None:
+        h = self.hosts.get(host_id)
+        if h is not None and h.state == "starting":
+            h.state = "up"
+
+    def _on_commit(self, sid: str) -> None:
+        s = self.sessions[sid]
+        if s.state != "moving":
+            return
+        src, dst = self.hosts[s.host], self.hosts[s.move_to]
+        dst.incoming.pop(sid, None)
+        if sid in src.suspended:
+            src.suspended.discard(sid)
+            dst.suspended.add(sid)
+            s.state = "suspended"
+        else:
+            src.resident.discard(sid)
+            dst.resident.add(sid)
+            s.state = "serving"
+        s.host, s.move_to = dst.host_id, ""
+        s.moves.append(self.now)
+
+    def _detach(self, s: SimSession) -> None:
+        for h in (self.hosts.get(s.host), self.hosts.get(s.move_to)):
+            if h is not None:
+                h.resident.discard(s.spec.session_id)
+                h.suspended.discard(s.spec.session_id)
+                h.incoming.pop(s.spec.session_id, None)
+
+    def _drop(self, s: SimSession, why: str) -> None:
+        self._detach(s)
+        s.state = "dropped"
+        self.counts["dropped"] += 1
+        self.counts[f"dropped_{why}"] += 1
+
+    def _expire_queue(self) -> None:
+        for s in self.sessions.values():
+            if s.state == "queued" and s.spec.arrival_s <= self.now - MAX_QUEUE_S:
+                self._drop(s, "queue_timeout")
+
+    # ------------------------------------------------------------ the policy's view
+
+    def snapshot(self) -> Fleet:
+        hosts = tuple(self._host_view(h) for h in self.hosts.values() if h.state in ("up", "draining"))
+        sessions = tuple(self._session_view(s) for s in self.sessions.values()
+                         if s.state in ("queued", "serving", "moving", "suspended"))
+        provisioning = sum(1 for h in self.hosts.values() if h.state == "starting")
+        return Fleet(now=self.now, hosts=hosts, sessions=sessions, paths=PATHS, provisioning=provisioning,
+                     last_scale_out_at=self.last_out, last_scale_in_at=self.last_in)
+
+    def _host_view(self, h: SimHost) -> Host:
+        tiers = [self.sessions[sid].spec.tier for sid in h.resident]
+        entry = EngineEntry(host_id=h.host_id, device="cuda:0", memory_bytes=HOST_MEMORY,
+                            free_memory_bytes=HOST_MEMORY - sum(ROW[t].state_bytes for t in tiers),
+                            sessions=len(tiers), profile=PROFILE, busy_fraction=sum(share(t) for t in tiers),
+                            heartbeat_at=self.now)
+        return Host(entry=entry, state="up" if h.state == "up" else "draining", zone=h.zone, nic_bps=h.nic_bps,
+                    reserved=tuple(h.incoming.values()), moves_in=len(h.incoming))
+
+    def _session_view(self, s: SimSession) -> Session:
+        sp = s.spec
+        return Session(session_id=sp.session_id, backend=BACKEND, contract=CONTRACTS[sp.tier], state=s.state,
+                       host_id=s.host, state_bytes=sp.state_bytes, dirty_rate_bps=sp.dirty_rate_bps,
+                       last_input_at=s.last_input_at(self.now), suspended_at=s.suspended_at,
+                       moves=tuple(t for t in s.moves if t > self.now - self.params.move_window_s))
+
+    # ------------------------------------------------------------ applying a decision
+
+    def _apply(self, d: Decision) -> None:
+        self.counts["rejected_moves"] += sum(1 for r in d.refusals if r.kind == "move")
+        for a in d.actions:
+            getattr(self, f"_do_{type(a).__name__.lower()}")(a)
+
+    def _do_place(self, a: Place) -> None:
+        s = self.sessions[a.session_id]
+        s.state, s.host = "serving", a.host_id
+        self.hosts[a.host_id].resident.add(a.session_id)
+        self.stats.queue_waits.append(self.now - s.spec.arrival_s)
+
+    def _do_move(self, a: Move) -> None:
+        s = self.sessions[a.session_id]
+        src, dst = self.hosts[a.src], self.hosts[a.dst]
+        frozen = s.state == "suspended"
+        dst.incoming[a.session_id] = Demand(busy_fraction=a.busy_fraction, state_bytes=a.state_bytes)
+        rate = PATHS.rate(self._host_view(src), self._host_view(dst)) / len(dst.incoming)
+        p, sp = self.params, s.spec
+        v = admissibility.evaluate(admissibility.Move(
+            state_bytes=sp.state_bytes, dirty_rate_bps=0.0 if frozen else sp.dirty_rate_bps,
+            horizon_s=p.move_horizon_s, bandwidth_bps=rate, setup_s=p.move_setup_s))
+        if frozen:
+            took, stall = v.t_migrate_s, 0.0
+        elif v.admissible:
+            took = p.move_setup_s + sp.state_bytes / (rate - sp.dirty_rate_bps)
+            stall = 1e3 * (p.move_setup_s + sp.dirty_rate_bps * PERIOD_MS / 1e3 / rate)
+        else:
+            took = v.t_migrate_s  # stop-and-copy: the session is frozen for the whole transfer
+            stall = 1e3 * took
+            self.counts["stop_and_copy_moves"] += 1
+        s.state, s.move_to = "moving", a.dst
+        self.counts["migrations"] += 1
+        self._push(self.now + took, "commit", a.session_id)
+        if stall:
+            self._stall_chunks(s, dst, stall)
+
+    def _stall_chunks(self, s: SimSession, h: SimHost, stall_ms: float) -> None:
+        """A freeze of `stall_ms` delays the chunk due at cut-over (made on the receiver), and each one due within it."""
+        t = self._term(s.spec.tier)
+        base = lat.chunk_ms(self.params, t, self._busy(h) + t.share, len(h.resident) + 1)
+        late = stall_ms
+        while late > 0:
+            self.stats.chunk(self.now, base + late, 1.0, lat.slo_ms(t))
+            late -= PERIOD_MS
+
+    def _do_scaleout(self, a: ScaleOut) -> None:
+        self.last_out = self.now
+        for _ in range(a.count):
+            h = self._new_host(self.now)
+            self._push(self.now + PROVISION_S, "ready", h.host_id)
+
+    def _do_drain(self, a: Drain) -> None:
+        self.last_in = self.now
+        self.hosts[a.host_id].state = "draining"
+
+    def _do_release(self, a: Release) -> None:
+        h = self.hosts[a.host_id]
+        owned = h.resident | h.suspended | set(h.incoming)
+        for sid in sorted(owned):  # a policy bug, never expected: counted, not hidden
+            self._drop(self.sessions[sid], "host_released")
+        h.state, h.released_at = "released", self.now
+        del self.hosts[a.host_id]
+        self.released.append(h)
+
+    def _do_suspend(self, a: Suspend) -> None:
+        s = self.sessions[a.session_id]
+        h = self.hosts[s.host]
+        h.resident.discard(a.session_id)
+        h.suspended.add(a.session_id)
+        s.state, s.suspended_at = "suspended", self.now
+        i = bisect.bisect_right(s.idle_starts, self.now) - 1
+        s.idle_until = s.spec.idle[i][1] if i >= 0 else self.now
+        self.counts["suspends"] += 1
+
+    def _do_resume(self, a: Resume) -> None:
+        s = self.sessions[a.session_id]
+        old = self.hosts[s.host]
+        old.suspended.discard(a.session_id)
+        copy_s = s.spec.state_bytes / RESUME_BPS
+        if a.host_id != s.host:
+            copy_s += s.spec.state_bytes / PATHS.rate(self._host_view(old), self._host_view(self.hosts[a.host_id]))
+        self.hosts[a.host_id].resident.add(a.session_id)
+        s.state, s.host = "serving", a.host_id
+        self.stats.resume_delays.append(self.now - s.idle_until + copy_s)
+        self.counts["resumes"] += 1
+
+    def _new_host(self, at: float) -> SimHost:
+        h = SimHost(self.next_idx, requested_at=at)
+        self.next_idx += 1
+        self.hosts[h.host_id] = h
+        return h
+
+    # ------------------------------------------------------------ measuring
+
+    def _term(self, tier: int) -> lat.Term:
+        return lat.term(CONTRACTS[tier], ROW[tier], share(tier))
+
+    def _busy(self, h: SimHost) -> float:
+        return sum(share(self.sessions[sid].spec.tier) for sid in h.resident)
+
+    def _account(self, t: float) -> None:
+        """Chunks produced since the last tick, at the load each host carries now."""
+        chunks = self.tick_s * 1e3 / PERIOD_MS
+        for h in self.hosts.values():
+            if not h.resident:
+                continue
+            tiers = Counter(self.sessions[sid].spec.tier for sid in h.resident)
+            busy, n = sum(share(k) * c for k, c in tiers.items()), len(h.resident)
+            for tier, c in tiers.items():
+                term = self._term(tier)
+                self.stats.chunk(t, lat.chunk_ms(self.params, term, busy, n), chunks * c, lat.slo_ms(term))
+
+    def _record_gpus(self) -> None:
+        self.stats.gpus.setdefault(int(self.now / self.stats.bucket_s), []).append(len(self.hosts))
+
+    def result(self) -> dict:
+        end = self.end_s
+        host_s = sum(min(h.released_at, end) - h.requested_at for h in self.released)
+        host_s += sum(end - h.requested_at for h in self.hosts.values())
+        st = self.stats
+        buckets = sorted(set(st.gpus) | set(st.buckets))
+        return {
+            "gpu_hours": host_s / 3600,
+            "worst_chunk_ms": st.worst,
+            "p99_chunk_ms": quantile(st.hist, 0.99),
+            "p50_chunk_ms": quantile(st.hist, 0.5),
+            "slo_miss_rate": st.misses / st.chunks if st.chunks else 0.0,
+            "migrations": self.counts["migrations"],
+            "stop_and_copy_moves": self.counts["stop_and_copy_moves"],
+            "rejected_moves": self.counts["rejected_moves"],
+            "dropped_sessions": self.counts["dropped"],
+            "dropped_by_reason": {k[8:]: v for k, v in sorted(self.counts.items()) if k.startswith("dropped_")},
+            "sessions": self.counts["arrived"],
+            "suspends": self.counts["suspends"],
+            "resumes": self.counts["resumes"],
+            "resume_delay_p99_s": _pct(st.resume_delays, 0.99),
+            "queue_wait_p99_s": _pct(st.queue_waits, 0.99),
+            "queue_wait_max_s": max(st.queue_waits, default=0.0),
+            "peak_gpus": max((max(v) for v in st.gpus.values()), default=0),
+            "series": {"t_s": [b * st.bucket_s for b in buckets],
+                       "gpus": [sum(st.gpus.get(b, [0])) / len(st.gpus.get(b, [0])) for b in buckets],
+                       "p99_chunk_ms": [quantile(st.buckets.get(b, Counter()), 0.99) for b in buckets]},
+        }
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]

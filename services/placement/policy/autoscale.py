@@ -1,0 +1,73 @@
+"""Load-driven autoscaling with hysteresis and cooldowns. Scale-in is a drain; release waits for empty.
+
+Utilisation is the open hosts' busy fraction (measured plus reserved, as `libs.contracts`
+counts it) plus what queued sessions would add, over the open and provisioning hosts. Above
+`scale_out_above` (or with anything queued, or the pre-warmed pool short) it asks for enough
+hosts to bring the fleet to `target_util` plus the pool; below `scale_in_below` it drains the
+least loaded hosts down to that size, never in the same cooldown as the last scale-in, and
+never while hosts are still being provisioned. A draining host is released only once it owns
+no session (serving, moving or suspended) and expects none.
+"""
+
+from __future__ import annotations
+
+import math
+
+from libs.contracts import demand
+from services.placement.policy.actions import Drain, Release, ScaleOut
+from services.placement.policy.plan import HostLoad, Plan
+from services.placement.policy.snapshot import Session
+
+
+def queued_load(plan: Plan, queued: list[Session]) -> float:
+    """Busy fraction the queued sessions would add, at the rows of the first open host that offers each."""
+    total = 0.0
+    opens = plan.open_loads()
+    for s in queued:
+        for hl in opens:
+            row = plan.row(s, hl)
+            if row is not None:
+                total += demand(s.contract, row).busy_fraction
+                break
+    return total
+
+
+def owners(plan: Plan) -> set[str]:
+    """Hosts that own a session: it is resident, suspended in their memory, or moving to or from them."""
+    out = {s.host_id for s in plan.sessions.values() if s.state != "queued"}
+    out.update(hl.host_id for hl in plan.loads.values() if hl.receiving or hl.pending)
+    return out
+
+
+def releases(plan: Plan) -> list[Release]:
+    owned = owners(plan)
+    return [Release(host_id=hl.host_id) for hl in sorted(plan.loads.values(), key=lambda h: h.host_id)
+            if hl.host.state in ("draining", "drained") and hl.host_id not in owned]
+
+
+def autoscale(plan: Plan, queued: list[Session]) -> list[ScaleOut | Drain | Release]:
+    p, fleet = plan.params, plan.fleet
+    opens = plan.open_loads()
+    load = sum(hl.busy for hl in opens) + queued_load(plan, queued)
+    have = len(opens) + fleet.provisioning
+    busy_hosts = math.ceil(load / p.target_util - 1e-9)
+    pool = max(p.warm_pool_hosts, math.ceil(p.warm_pool_frac * busy_hosts))
+    want = min(p.max_hosts, max(p.min_hosts, busy_hosts + pool))
+    util = load / have if have else math.inf
+    owned = owners(plan)
+    out: list[ScaleOut | Drain | Release] = []
+    short = util > p.scale_out_above or bool(queued)
+    if short and have < want and fleet.now - fleet.last_scale_out_at >= p.scale_out_cooldown_s:
+        out.append(ScaleOut(count=want - have))
+    elif (util < p.scale_in_below and have > want and fleet.provisioning == 0 and not queued
+          and fleet.now - fleet.last_scale_in_at >= p.scale_in_cooldown_s):
+        for hl in _drain_order(opens, owned)[: have - want]:
+            out.append(Drain(host_id=hl.host_id))
+            if hl.host_id not in owned:
+                out.append(Release(host_id=hl.host_id))
+    return out + releases(plan)
+
+
+def _drain_order(opens: list[HostLoad], owned: set[str]) -> list[HostLoad]:
+    """Empty hosts first, then the least busy: the fewest live moves for the capacity given back."""
+    return sorted(opens, key=lambda hl: (hl.host_id in owned, hl.busy, len(hl.terms), hl.host_id))

@@ -1,0 +1,68 @@
+"""One full fleet decision: resume, place, drain, suspend, rebalance, autoscale, in that order.
+
+Each step sees what the earlier ones did through one `Plan`, so the decision as a whole never
+over-commits a host and its moves (drain and rebalance together) share no receiver.
+"""
+
+from __future__ import annotations
+
+from services.placement.policy.actions import Action, Decision, Place, Refusal
+from services.placement.policy.autoscale import autoscale
+from services.placement.policy.offload import resumes, suspends
+from services.placement.policy.params import Params
+from services.placement.policy.placement import Placer, place
+from services.placement.policy.plan import Plan
+from services.placement.policy.rebalance import drain_moves, rebalance
+from services.placement.policy.snapshot import Fleet
+
+
+def react(fleet: Fleet, params: Params) -> Decision:
+    """What cannot wait for the next round: resumes new input asks for, then queued sessions' placements.
+
+    The service runs this when a session arrives or input reaches a suspended session.
+    """
+    plan = Plan(fleet, params)
+    placer = Placer(plan)
+    actions: list[Action] = []
+    refusals: list[Refusal] = []
+    done, refused = resumes(plan, placer)
+    actions += done
+    refusals += refused
+    for s in fleet.sessions:
+        if s.state == "queued":
+            r = place(placer, s)
+            (actions if isinstance(r, Place) else refusals).append(r)
+    return Decision(actions=tuple(actions), refusals=tuple(refusals))
+
+
+def decide(fleet: Fleet, params: Params, *, rebalancing: bool = True, scaling: bool = True,
+           offload: bool = True) -> Decision:
+    plan = Plan(fleet, params)
+    placer = Placer(plan)
+    actions: list[Action] = []
+    refusals: list[Refusal] = []
+    if offload:
+        done, refused = resumes(plan, placer)
+        actions += done
+        refusals += refused
+    queued = [s for s in fleet.sessions if s.state == "queued"]
+    still_queued = []
+    for s in queued:
+        r = place(placer, s)
+        if isinstance(r, Place):
+            actions.append(r)
+        else:
+            refusals.append(r)
+            still_queued.append(s)
+    moves, refused = drain_moves(plan)
+    actions += moves
+    refusals += refused
+    if offload:
+        actions += suspends(plan)
+    if rebalancing:
+        moves, refused = rebalance(plan)
+        actions += moves
+        refusals += refused
+    if scaling:
+        actions += autoscale(plan, still_queued)
+    return Decision(actions=tuple(actions), refusals=tuple(refusals))

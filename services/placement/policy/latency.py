@@ -1,0 +1,60 @@
+"""Per-chunk latency predicted from a host's profile rows and what shares its device.
+
+`profile` (default): a block's pipeline stages off the device cost `block_ms − quantum_ms`;
+its device quantum is served EDF among the host's sessions, and in the worst case every
+quantum due in its window runs first, so the device part takes `busy × window` (the host's
+steady-state busy fraction, from `libs.contracts.demand`, times the session's window). Under
+`busy ≤ 1` EDF meets every window; above it the formula grows past the window, which is a miss.
+
+`colocation`: the published TurboServe-style form, latency rising with co-located sessions:
+`block_ms × (1 + α·(n − 1))` for n resident sessions, whatever their demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from libs.contracts import Contract
+from libs.schemas.common import ProfileRow
+from services.placement.policy.params import Params
+
+# Windowless classes (bulk, maintenance) run in EDF's slack: their chunk waits for the busy part to pass.
+_SLACK_FLOOR = 0.05
+
+
+class Term(NamedTuple):
+    """What one resident session contributes to, and needs from, its host's latency."""
+
+    overhead_ms: float  # block_ms − quantum_ms: the pipeline stages off the device
+    quantum_ms: float
+    block_ms: float
+    window_ms: float  # 0 for windowless classes
+    share: float  # steady-state busy fraction (libs.contracts.demand)
+
+
+def term(contract: Contract, row: ProfileRow, share: float) -> Term:
+    return Term(overhead_ms=max(row.block_ms - row.quantum_ms, 0.0), quantum_ms=row.quantum_ms,
+                block_ms=row.block_ms, window_ms=contract.window_ms or 0.0, share=share)
+
+
+def chunk_ms(params: Params, t: Term, busy: float, n: int) -> float:
+    """Predicted latency of one chunk of the session `t` on a host at `busy` with `n` resident sessions."""
+    if params.latency_model == "colocation":
+        return t.block_ms * (1.0 + params.colocation_alpha * max(n - 1, 0))
+    if t.window_ms:
+        return t.overhead_ms + max(busy * t.window_ms, t.quantum_ms)
+    return t.overhead_ms + t.quantum_ms / max(1.0 - busy, _SLACK_FLOOR)
+
+
+def host_ms(params: Params, terms: Iterable[Term], busy: float) -> float:
+    """The host's worst predicted chunk latency (0 for an empty host)."""
+    ts = list(terms)
+    if params.latency_model == "profile" and all(t.window_ms for t in ts):
+        return max((t.overhead_ms + max(busy * t.window_ms, t.quantum_ms) for t in ts), default=0.0)  # hot path
+    return max((chunk_ms(params, t, busy, len(ts)) for t in ts), default=0.0)
+
+
+def slo_ms(t: Term) -> float:
+    """The latency a chunk must beat: its window (device part due in one period) plus the off-device stages."""
+    return t.overhead_ms + t.window_ms if t.window_ms else float("inf")

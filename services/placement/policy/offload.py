@@ -1,0 +1,42 @@
+"""Idle offload and resume.
+
+A serving session with no input for `keep_warm_s` is suspended: its state leaves the device
+for its host's memory, freeing device capacity. A suspended session that has had input since
+it was suspended resumes on its old host when that host has room, else wherever placement
+would put it (the pre-warmed pool is part of that). The frontend sees a resume delay.
+"""
+
+from __future__ import annotations
+
+from services.placement.policy.actions import Refusal, Resume, Suspend
+from services.placement.policy.placement import Placer, resume
+from services.placement.policy.plan import Plan
+
+
+def wants_resume(plan: Plan) -> list:
+    return [s for s in plan.sessions.values() if s.state == "suspended" and s.last_input_at > s.suspended_at]
+
+
+def resumes(plan: Plan, placer: Placer) -> tuple[list[Resume], list[Refusal]]:
+    done: list[Resume] = []
+    refused: list[Refusal] = []
+    for s in sorted(wants_resume(plan), key=lambda x: (x.last_input_at, x.session_id)):
+        r = resume(placer, s)
+        (done if isinstance(r, Resume) else refused).append(r)
+    return done, refused
+
+
+def suspends(plan: Plan) -> list[Suspend]:
+    p, now = plan.params, plan.fleet.now
+    if p.keep_warm_s <= 0:
+        return []
+    out = []
+    idle = [s for s in plan.sessions.values() if s.state == "serving" and now - s.last_input_at >= p.keep_warm_s]
+    for s in sorted(idle, key=lambda x: x.session_id):
+        if s.session_id not in plan.claimed:
+            hl = plan.loads.get(s.host_id)
+            if hl is not None and s.session_id in hl.terms:
+                plan.take_away(s, hl)
+            plan.claimed.add(s.session_id)
+            out.append(Suspend(session_id=s.session_id, host_id=s.host_id))
+    return out

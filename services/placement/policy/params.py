@@ -1,0 +1,44 @@
+"""The knobs of every fleet policy, with units in their names."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from libs.contracts import Guard
+
+Frac = Annotated[float, msgspec.Meta(gt=0, lt=1)]
+NonNeg = Annotated[float, msgspec.Meta(ge=0)]
+Pos = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class Params(msgspec.Struct, frozen=True, kw_only=True):
+    guard: Guard = Guard()
+    # Per-chunk latency model: "profile" (EDF response from the rows) or "colocation" (TurboServe-style).
+    latency_model: Literal["profile", "colocation"] = "profile"
+    colocation_alpha: NonNeg = 0.12  # colocation: each co-located session adds this fraction of a block
+    # Rebalancing: move only if Γ = L − L′ − η·κ > gain_threshold_ms.
+    eta: NonNeg = 1.0
+    gain_threshold_ms: NonNeg = 5.0
+    move_cooldown_s: NonNeg = 60.0  # per session, after any move
+    move_window_s: Pos = 600.0
+    max_moves_per_window: Annotated[int, msgspec.Meta(ge=1)] = 2  # per session
+    max_moves_per_round: Annotated[int, msgspec.Meta(ge=0)] = 8
+    targets_per_session: Annotated[int, msgspec.Meta(ge=1)] = 4  # fitting receivers tried, least loaded first
+    move_horizon_s: Pos = 2.0  # a live move must finish within this (admissibility horizon H)
+    move_setup_s: NonNeg = 0.005  # X: connection, handshake, commit
+    # Autoscaling: keep device utilisation near target_util; act outside [scale_in_below, scale_out_above].
+    target_util: Frac = 0.5
+    scale_out_above: Frac = 0.6
+    scale_in_below: Frac = 0.35
+    scale_out_cooldown_s: NonNeg = 10.0
+    scale_in_cooldown_s: NonNeg = 120.0
+    min_hosts: Annotated[int, msgspec.Meta(ge=1)] = 1
+    max_hosts: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    # Empty, pre-warmed hosts kept for bursts and resumes: at least warm_pool_hosts, or this share of the fleet.
+    warm_pool_hosts: Annotated[int, msgspec.Meta(ge=0)] = 1
+    warm_pool_frac: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    drain_by_moves: bool = True  # False: a draining host only waits for its sessions to end
+    # Idle offload: suspend a session after this long without input (0 disables offload).
+    keep_warm_s: NonNeg = 30.0

@@ -1,0 +1,83 @@
+"""Initial placement and resume targets: capacity- and path-aware, least loaded first.
+
+Hosts are tried least busy first (ties by host_id), so the fleet's worst chunk latency grows
+as slowly as it can. Among hosts that fit (the capacity verdict of `libs.contracts.estimate`,
+reservations included), the first whose fastest path out would admit a live move of this
+session wins: a session placed there can still be moved later. Only when no fitting host has
+such a path does the least busy fitting host take it.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+
+from libs import admissibility
+from libs.contracts import Estimate
+from services.placement.policy.actions import Place, Refusal, Resume
+from services.placement.policy.plan import HostLoad, Plan
+from services.placement.policy.snapshot import Session
+
+
+class Placer:
+    """Keeps the open hosts ordered by load across the placements of one decision."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.order = sorted(plan.open_loads(), key=_key)
+
+    def choose(self, s: Session, prefer: str = "") -> tuple[HostLoad, Estimate] | str:
+        """(host, estimate) for `s`, or the refusal reason. `prefer` is tried first (a resume's old host)."""
+        plan = self.plan
+        preferred = plan.loads.get(prefer)
+        if preferred is not None and preferred.open:
+            est = plan.fit(s, preferred)
+            if est.fits:
+                return preferred, est
+        fallback = None
+        for hl in self.order:
+            est = plan.fit(s, hl)
+            if not est.fits:
+                continue
+            if self._escapes(s, hl):
+                return hl, est
+            fallback = fallback or (hl, est)
+        return fallback if fallback is not None else "no_fit"
+
+    def commit(self, s: Session, hl: HostLoad, est: Estimate) -> None:
+        self.order.remove(hl)
+        self.plan.add(s, hl, est)
+        insort(self.order, hl, key=_key)
+
+    def _escapes(self, s: Session, hl: HostLoad) -> bool:
+        rate = self.plan.escape_bps(hl)
+        if rate <= 0:
+            return False
+        p = self.plan.params
+        return admissibility.evaluate(admissibility.Move(
+            state_bytes=s.state_bytes, dirty_rate_bps=s.dirty_rate_bps, horizon_s=p.move_horizon_s,
+            bandwidth_bps=rate, setup_s=p.move_setup_s)).admissible
+
+
+def _key(hl: HostLoad) -> tuple[float, str]:
+    return (hl.busy, hl.host_id)
+
+
+def place(placer: Placer, s: Session) -> Place | Refusal:
+    got = placer.choose(s)
+    if isinstance(got, str):
+        return Refusal(kind="place", session_id=s.session_id, reason=got)
+    hl, est = got
+    placer.commit(s, hl, est)
+    return Place(session_id=s.session_id, host_id=hl.host_id, busy_fraction=est.busy_fraction,
+                 state_bytes=est.state_bytes)
+
+
+def resume(placer: Placer, s: Session) -> Resume | Refusal:
+    """Back onto its old host when that has room, else wherever placement would put it."""
+    got = placer.choose(s, prefer=s.host_id)
+    if isinstance(got, str):
+        return Refusal(kind="resume", session_id=s.session_id, reason=got, host_id=s.host_id)
+    hl, est = got
+    placer.commit(s, hl, est)
+    return Resume(session_id=s.session_id, host_id=hl.host_id, busy_fraction=est.busy_fraction,
+                  state_bytes=est.state_bytes)

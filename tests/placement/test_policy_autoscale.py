@@ -1,0 +1,84 @@
+"""Autoscaling: hysteresis and cooldowns, scale-in as a drain that never drops or strands a session."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.placement.policy import Drain, Move, Release, ScaleOut, decide
+from tests.placement.policy_fleet import PARAMS, fleet, sess
+
+P = msgspec.structs.replace(PARAMS, target_util=0.5, scale_out_above=0.6, scale_in_below=0.35,
+                            scale_in_cooldown_s=0.0, scale_out_cooldown_s=30.0)
+
+
+def kinds(d, kind):
+    return [a for a in d.actions if isinstance(a, kind)]
+
+
+def test_scales_out_above_the_band_and_not_within_it():
+    hot = fleet({"h0": [sess(f"a{i}", "h0") for i in range(4)], "h1": [sess(f"b{i}", "h1") for i in range(3)]})
+    out = kinds(decide(hot, P, rebalancing=False), ScaleOut)
+    assert out and out[0].count == 1  # load 1.4 at target 0.5 wants 3 hosts
+    inside = fleet({"h0": [sess(f"a{i}", "h0") for i in range(3)], "h1": [sess(f"b{i}", "h1") for i in range(2)]})
+    assert decide(inside, P, rebalancing=False).actions == ()
+
+
+def test_scale_out_waits_out_its_cooldown_and_counts_hosts_still_booting():
+    hot = dict(hosts={"h0": [sess(f"a{i}", "h0") for i in range(4)]})
+    assert kinds(decide(fleet(**hot, last_scale_out_at=990.0), P), ScaleOut) == []
+    assert kinds(decide(fleet(**hot, provisioning=1), P), ScaleOut) == []
+
+
+def test_a_queued_session_no_host_fits_asks_for_a_host():
+    full = fleet({"h0": [sess(f"a{i}", "h0", floor=16) for i in range(2)]}, queued=(sess("q", floor=16),))
+    d = decide(full, P)
+    assert kinds(d, ScaleOut) and any(r.kind == "place" and r.session_id == "q" for r in d.refusals)
+
+
+def test_scale_in_drains_the_least_loaded_host_and_releases_an_empty_one_at_once():
+    f = fleet({"h0": [sess("a", "h0", floor=4)], "h1": [], "h2": [sess("b", "h2", floor=4), sess("c", "h2", floor=4)]})
+    d = decide(f, P, rebalancing=False)
+    assert [a.host_id for a in kinds(d, Drain)] == ["h1", "h0"]  # empty first, then least busy
+    assert [a.host_id for a in kinds(d, Release)] == ["h1"]  # h0 still owns "a"
+
+
+def test_a_draining_host_is_emptied_by_live_moves_then_released():
+    on = {"h0": [sess("a", "h0"), sess("b", "h0")], "h1": [sess("c", "h1")]}
+    states = {"h0": "draining"}
+    for _ in range(4):
+        d = decide(fleet(on, states=states), P, rebalancing=False, scaling=True)
+        for m in kinds(d, Move):
+            moved = next(s for s in on[m.src] if s.session_id == m.session_id)
+            on[m.src].remove(moved)
+            on[m.dst].append(msgspec.structs.replace(moved, host_id=m.dst, moves=(1000.0,)))
+        if kinds(d, Release):
+            break
+    assert [a.host_id for a in kinds(d, Release)] == ["h0"]
+    assert sorted(s.session_id for s in on["h1"]) == ["a", "b", "c"]
+
+
+hosts_st = st.dictionaries(st.sampled_from([f"h{i}" for i in range(6)]),
+                           st.tuples(st.sampled_from(["up", "draining"]),
+                                     st.lists(st.tuples(st.sampled_from([4, 8, 16]),
+                                                        st.sampled_from(["serving", "suspended", "moving"])),
+                                              max_size=3)),
+                           min_size=1, max_size=6)
+
+
+@given(hosts_st, st.floats(0.05, 0.5), st.booleans())
+def test_scale_in_never_drops_a_session_nor_releases_a_host_that_owns_one(spec, target, drain_by_moves):
+    p = msgspec.structs.replace(P, target_util=target, scale_in_below=min(0.45, target * 0.9),
+                                drain_by_moves=drain_by_moves, keep_warm_s=0.0)
+    on = {hid: [sess(f"{hid}s{i}", hid, floor=f, state=state, suspended_at=999.0, last_input_at=900.0)
+                for i, (f, state) in enumerate(ss)] for hid, (_, ss) in spec.items()}
+    states = {hid: s for hid, (s, _) in spec.items()}
+    f = fleet(on, states=states)
+    d = decide(f, p)
+    released = {a.host_id for a in kinds(d, Release)}
+    for s in f.sessions:
+        assert s.host_id not in released, f"{s.session_id} ({s.state}) would be stranded on {s.host_id}"
+    moved_to = {a.dst for a in kinds(d, Move)}
+    assert not released & moved_to
+    assert not any(isinstance(a, Release) and states.get(a.host_id) == "up" and on[a.host_id] for a in d.actions)

@@ -1,0 +1,89 @@
+"""Initial placement, resume and the capacity promise: least loaded, reservations, paths; no over-commit."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from libs import admissibility
+from libs.contracts import Demand
+from services.placement.policy import Move, PathRates, Place, Resume, Suspend, decide, react
+from tests.placement.policy_fleet import PARAMS, fleet, sess
+
+
+def placed(d) -> dict[str, str]:
+    return {a.session_id: a.host_id for a in d.actions if isinstance(a, Place)}
+
+
+def test_places_on_the_least_loaded_host():
+    f = fleet({"h0": [sess("a", "h0")], "h1": [], "h2": [sess("b", "h2"), sess("c", "h2")]}, queued=(sess("q"),))
+    assert placed(react(f, PARAMS)) == {"q": "h1"}
+
+
+def test_reservations_count_against_a_host():
+    f = fleet({"h0": [], "h1": [sess("a", "h1")]}, queued=(sess("q"),),
+              reserved={"h0": (Demand(busy_fraction=0.8, state_bytes=0),)})
+    assert placed(react(f, PARAMS)) == {"q": "h1"}
+
+
+def test_prefers_a_host_whose_paths_keep_a_later_move_admissible():
+    """h0 is the least loaded but sits alone in a zone reached at 1 Gb/s: a session placed there is stuck."""
+    paths = PathRates(default_bps=admissibility.gbps(100), cross_zone_bps=admissibility.gbps(1))
+    f = fleet({"h0": [], "h1": [sess("a", "h1")], "h2": [sess("b", "h2")]}, queued=(sess("q"),), paths=paths)
+    zoned = msgspec.structs.replace(f, hosts=tuple(
+        msgspec.structs.replace(h, zone="far" if h.host_id == "h0" else "near") for h in f.hosts))
+    assert placed(react(zoned, PARAMS)) == {"q": "h1"}
+    assert placed(react(f, PARAMS)) == {"q": "h0"}  # one zone: the least loaded wins
+
+
+def test_draining_hosts_take_no_new_session_and_no_fit_is_a_refusal():
+    f = fleet({"h0": [], "h1": [sess(f"a{i}", "h1", floor=16) for i in range(2)]}, queued=(sess("q", floor=16),),
+              states={"h0": "draining"})
+    d = react(f, PARAMS)
+    assert placed(d) == {} and [(r.kind, r.reason) for r in d.refusals] == [("place", "no_fit")]
+
+
+def test_an_idle_session_is_suspended_after_keep_warm_and_resumes_home_on_input():
+    p = msgspec.structs.replace(PARAMS, keep_warm_s=30.0)
+    idle = fleet({"h0": [sess("a", "h0", last_input_at=960.0), sess("b", "h0", last_input_at=990.0)]})
+    assert [a for a in decide(idle, p, rebalancing=False, scaling=False).actions] == [
+        Suspend(session_id="a", host_id="h0")]
+    no_input = fleet({"h0": [sess("a", "h0", state="suspended", suspended_at=970.0, last_input_at=960.0)]})
+    assert react(no_input, p).actions == ()
+    back = fleet({"h0": [sess("a", "h0", state="suspended", suspended_at=970.0, last_input_at=999.0)], "h1": []})
+    assert react(back, p).actions == (Resume(session_id="a", host_id="h0", busy_fraction=0.2, state_bytes=2 << 30),)
+
+
+def test_a_resume_whose_old_host_is_full_goes_where_there_is_room():
+    full = [sess(f"x{i}", "h0", floor=16) for i in range(2)]
+    f = fleet({"h0": [*full, sess("a", "h0", floor=16, state="suspended", suspended_at=970.0, last_input_at=999.0)],
+               "h1": []})
+    assert [(a.session_id, a.host_id) for a in react(f, PARAMS).actions] == [("a", "h1")]
+
+
+fleets = st.lists(st.tuples(st.lists(st.sampled_from([4, 8, 16]), max_size=4), st.sampled_from(["up", "draining"]),
+                            st.floats(0.0, 0.5)), min_size=1, max_size=5)
+
+
+@given(fleets, st.lists(st.sampled_from([4, 8, 16]), max_size=8), st.floats(0.0, 20.0))
+def test_no_decision_over_commits_a_host(spec, queued, threshold):
+    on = {f"h{i}": [sess(f"h{i}s{j}", f"h{i}", floor=t) for j, t in enumerate(tiers)] for i, (tiers, _, _) in
+          enumerate(spec)}
+    bg = {f"h{i}": b for i, (_, _, b) in enumerate(spec)}
+    f = fleet(on, states={f"h{i}": s for i, (_, s, _) in enumerate(spec)}, background=bg,
+              queued=tuple(sess(f"q{k}", floor=t) for k, t in enumerate(queued)))
+    p = msgspec.structs.replace(PARAMS, gain_threshold_ms=threshold, keep_warm_s=0.0)
+    limit = 1.0 - p.guard.busy_fraction + 1e-9
+    before = {h.host_id: h.entry.busy_fraction for h in f.hosts}
+    added = dict.fromkeys(before, 0.0)
+    for a in decide(f, p).actions:
+        if isinstance(a, Place | Resume):
+            added[a.host_id] += a.busy_fraction
+        elif isinstance(a, Move):
+            added[a.dst] += a.busy_fraction
+    for hid, extra in added.items():
+        if extra:
+            assert before[hid] + extra <= max(limit, before[hid]), hid
+    acted = [getattr(a, "session_id", None) for a in decide(f, p).actions]
+    assert len([x for x in acted if x]) == len({x for x in acted if x}), "one action per session"

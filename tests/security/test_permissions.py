@@ -1,0 +1,185 @@
+"""Bus security on a real nats-server configured as `statefleet up` configures it: each service
+connects as its own user and is refused what it has no business doing; anonymous clients are refused
+outright. Every refusal is shown both ways: the server reports a permissions violation, and nothing
+of what was attempted landed (a positive control shows the same action succeeds for its owner)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import nats
+import nats.errors
+import pytest
+
+from libs import bus, bus_auth, errors, names
+from libs.fence import ownership
+from libs.schemas.base import encode
+from libs.schemas.fence import AssignNotice, RegisterReply, RegisterRequest
+from tests.fence.conftest import start_fence
+
+
+class Probe:
+    """A raw connection as one user, collecting the server's permission errors."""
+
+    def __init__(self) -> None:
+        self.violations: list[str] = []
+        self.nc: nats.NATS
+
+    async def connect(self, server, user: str) -> Probe:
+        cred = server.credentials[user]
+
+        async def on_error(e: Exception) -> None:
+            if "permissions violation" in str(e).lower():
+                self.violations.append(str(e))
+
+        self.nc = await nats.connect(server.plain_url, user=cred.user, password=cred.password,
+                                     inbox_prefix=names.inbox_prefix(cred.user), error_cb=on_error,
+                                     max_reconnect_attempts=0)
+        return self
+
+    async def refused(self, what: str, timeout_s: float = 3.0) -> None:
+        """Wait for the server to report a violation whose text contains `what`."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not any(what.lower() in v.lower() for v in self.violations):
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"no permissions violation for {what!r}; got {self.violations}")
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def probes(nats_server):
+    opened: list[Probe] = []
+
+    async def as_user(user: str) -> Probe:
+        p = await Probe().connect(nats_server, user)
+        opened.append(p)
+        return p
+
+    yield as_user
+    for p in opened:
+        with contextlib.suppress(Exception):
+            await p.nc.close()
+
+
+@pytest.fixture
+async def fence_as_fence(nats_server):
+    service = await start_fence(nats_server.url_for("fence"), "fence-secure")
+    yield service
+    await service.stop()
+
+
+async def test_anonymous_and_wrong_password_are_refused(nats_server):
+    with pytest.raises(errors.Unavailable):
+        await bus.connect(nats_server.plain_url, name="anonymous", connect_timeout_s=1.0)
+    wrong = bus_auth.Credential("fence", "not-the-password")
+    with pytest.raises(errors.Unavailable):
+        await bus.connect(bus_auth.url_with(nats_server.plain_url, wrong), name="guess", connect_timeout_s=1.0)
+
+
+async def test_only_fence_appends_to_the_ownership_log(nats_server, fence_as_fence, probes):
+    admission = await probes("admission")
+    cli = await bus.connect(nats_server.url, name="cli")
+    try:
+        js = cli.jetstream()
+        # A direct append by admission is refused by the server and lands nothing ...
+        await admission.nc.publish(names.session_log_subject("x"), b"forged")
+        await admission.refused(f'Publish to "{names.session_log_subject("x")}"')
+        info = await js.stream_info(names.SESSION_STREAM)
+        assert info.state.messages == 0
+        # ... while the same intent through fence's verb is allowed and written by fence.
+        admission_nc = await bus.connect(nats_server.url_for("admission"), name="admission")
+        try:
+            await bus.request(admission_nc, names.FENCE_REGISTER,
+                              RegisterRequest(session_id="x", backend="toy", seed=1), RegisterReply)
+            a = await ownership.assign(admission_nc, admission_nc.jetstream(), "x", "e0")
+            assert a.version == 1
+            stale = ownership.assign(admission_nc, admission_nc.jetstream(), "x", "e1", expect_version=0)
+            with pytest.raises(errors.Conflict):
+                await stale
+            assert (await ownership.read_owner(js, "x")).view.owner.server_id == "e0"
+        finally:
+            await admission_nc.close()
+        for user in ("placement", "mover", "engine.e0"):
+            p = await probes(user)
+            await p.nc.publish(names.INPUT_SUBJECTS.replace(">", "x"), b"forged input")
+            await p.refused('Publish to "sf.input.x"')
+        assert (await js.stream_info(names.INPUT_STREAM)).state.messages == 0
+    finally:
+        await cli.close()
+
+
+async def test_no_client_reads_another_clients_replies(nats_server, fence_as_fence, probes):
+    """Register replies carry input tokens: admission's inbox is admission's alone."""
+    thief = await probes("placement")
+    for pattern in ("_INBOX.>", f"{names.inbox_prefix('admission')}.>", ">"):
+        sub = await thief.nc.subscribe(pattern)
+        await thief.refused(f'Subscription to "{pattern}"')
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    stolen: list[bytes] = []
+
+    async def steal(m) -> None:
+        stolen.append(m.data)
+
+    for user in ("mover", "engine.e0"):  # a subscription that would see the token if it were allowed
+        p = await probes(user)
+        await p.nc.subscribe(f"{names.inbox_prefix('admission')}.>", cb=steal)
+        await p.refused("Subscription to")
+    admission = await bus.connect(nats_server.url_for("admission"), name="admission")
+    try:
+        reply = await bus.request(admission, names.FENCE_REGISTER,
+                                  RegisterRequest(session_id="tok", backend="toy", seed=1), RegisterReply)
+    finally:
+        await admission.close()
+    await asyncio.sleep(0.2)
+    assert reply.token and not stolen
+    # The same subscription by a user allowed to make it (the operator) does see the reply: the
+    # refusal above, not an absence of traffic, is what kept the token from the others.
+    cli = await bus.connect(nats_server.url, name="cli")
+    try:
+        await cli.subscribe(f"{names.inbox_prefix('admission')}.>", cb=steal)
+        await cli.flush()
+        admission = await bus.connect(nats_server.url_for("admission"), name="admission")
+        try:
+            again = await bus.request(admission, names.FENCE_REGISTER,
+                                      RegisterRequest(session_id="tok2", backend="toy", seed=1), RegisterReply)
+        finally:
+            await admission.close()
+        await asyncio.sleep(0.2)
+        assert any(again.token.encode() in m for m in stolen)
+    finally:
+        await cli.close()
+
+
+async def test_an_engine_host_speaks_only_for_itself(nats_server, probes):
+    e0 = await probes("engine.e0")
+    # Its own verbs: served. Another host's verbs, notices and heartbeat key: refused.
+    await e0.nc.subscribe(names.engine_subject("e0", "ping"))
+    await e0.nc.subscribe(names.engine_subject("e1", "ping"))
+    await e0.refused(f'Subscription to "{names.engine_subject("e1", "ping")}"')
+    notice = AssignNotice(session_id="s", server_id="e1", version=9, log_seq=1)
+    await e0.nc.publish(names.assigned_subject("e1"), encode(notice))
+    await e0.refused(f'Publish to "{names.assigned_subject("e1")}"')
+    await e0.nc.publish(f"$KV.{names.ENGINES_BUCKET}.e1", b"forged heartbeat")
+    await e0.refused(f'Publish to "$KV.{names.ENGINES_BUCKET}.e1"')
+    await e0.nc.publish(f"$KV.{names.FENCE_META_BUCKET}.s", b"forged meta")
+    await e0.refused(f'Publish to "$KV.{names.FENCE_META_BUCKET}.s"')
+    assert not any(names.engine_subject("e0", "ping") in v.lower() for v in e0.violations)
+
+
+async def test_jetstream_api_is_scoped_per_service(nats_server, fence_as_fence, probes):
+    """Admission may not delete the ownership log or read the input stream; fence's streams stay."""
+    admission = await probes("admission")
+    js = admission.nc.jetstream(timeout=1.0)
+    with pytest.raises(nats.errors.TimeoutError):
+        await js.delete_stream(names.SESSION_STREAM)
+    await admission.refused(f'Publish to "$JS.API.STREAM.DELETE.{names.SESSION_STREAM}"')
+    with pytest.raises(nats.errors.TimeoutError):
+        await js.stream_info(names.INPUT_STREAM)
+    await admission.refused(f'Publish to "$JS.API.STREAM.INFO.{names.INPUT_STREAM}"')
+    cli = await bus.connect(nats_server.url, name="cli")
+    try:
+        assert (await cli.jetstream().stream_info(names.SESSION_STREAM)).config.name == names.SESSION_STREAM
+    finally:
+        await cli.close()
