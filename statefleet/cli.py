@@ -1,4 +1,4 @@
-"""`statefleet` command line: up, serve, status, engines, host, admit-calc, session, nats-auth."""
+"""`statefleet` command line: up, serve, status, engines, host, backends, admit-calc, session, nats-auth."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from libs import config as configmod
 from libs.errors import BadRequest, StatefleetError
+from statefleet import json_out
 from statefleet.registry import SERVICES
 
 
@@ -28,7 +29,7 @@ def _up(args: argparse.Namespace) -> int:
     from statefleet.supervisor import Supervisor
 
     return Supervisor(data_dir=args.data_dir, nats_url=args.nats_url, engines=args.engines,
-                      device=args.device, admin_token=args.admin_token).run()
+                      device=args.device).run()
 
 
 def _nats_auth(args: argparse.Namespace) -> int:
@@ -52,9 +53,13 @@ def _engines(args: argparse.Namespace) -> int:
     return asyncio.run(print_engines(args.nats_url, host=args.host, as_json=args.json))
 
 
-def _admit_calc(args: argparse.Namespace) -> int:
-    import json
+def _backends(args: argparse.Namespace) -> int:
+    from statefleet.backends import print_backends
 
+    return asyncio.run(print_backends(args.nats_url, as_json=args.json))
+
+
+def _admit_calc(args: argparse.Namespace) -> int:
     from libs import admissibility as adm
 
     try:
@@ -63,7 +68,7 @@ def _admit_calc(args: argparse.Namespace) -> int:
                         setup_s=args.setup_ms / 1e3, codec_ratio=args.codec_ratio, codec_s=args.codec_ms / 1e3)
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    print(json.dumps(adm.evaluate(move).as_json()))
+    print(json_out.dumps(adm.evaluate(move).as_json(), indent=0))
     return 0
 
 
@@ -76,8 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-url", default="", help="use this NATS instead of starting one")
     up.add_argument("--engines", type=int, default=2, help="engine hosts to start (default 2)")
     up.add_argument("--device", default="cpu", help="device for engine hosts: cpu, or cuda to use cuda:0..N-1")
-    up.add_argument("--admin-token", default="",
-                    help="admission's admin API token (default: $SF_ADMIN_TOKEN, else generated into DATA_DIR/admin.token)")
     up.set_defaults(func=_up)
 
     auth = sub.add_parser("nats-auth", help="per-service NATS users and permissions for a production server")
@@ -102,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     engines.add_argument("--host", default="", help="only this engine host")
     engines.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     engines.set_defaults(func=_engines)
+
+    backends = sub.add_parser("backends", help="the backends each engine host can serve (from its heartbeat)")
+    backends.add_argument("--nats-url", default="", help="default: $SF_NATS_URL, ./var/nats.url, then :4222")
+    backends.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    backends.set_defaults(func=_backends)
 
     calc = sub.add_parser("admit-calc", help="admissibility of one state move (Worldline §4), as JSON")
     calc.add_argument("--state-bytes", type=float, required=True, help="state size S in bytes")

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
-import msgspec
 import nats.js.errors
 
 from libs import bus, names
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry, ServiceEntry, SessionSummary
 from libs.schemas.placement import HostRecord
+from statefleet import json_out
 
 
 def default_nats_url() -> str:
@@ -90,9 +89,8 @@ async def print_status(nats_url: str, *, as_json: bool = False, all_sessions: bo
     for s in state["sessions"]:
         s.state = shown_state(s, hosts)
     if as_json:
-        out = msgspec.to_builtins(state)
-        out["hosts"] = [{"host_id": h, "state": st, "incarnation": inc} for h, (st, inc) in hosts.items()]
-        print(json.dumps(out, indent=2))
+        state["hosts"] = [{"host_id": h, "state": st, "incarnation": inc} for h, (st, inc) in hosts.items()]
+        print(json_out.dumps(state))
         return 0
     print(f"services ({len(state['services'])})")
     for s in sorted(state["services"], key=lambda s: (s.service, s.instance)):
