@@ -150,7 +150,6 @@ class EngineHostService(Service):
         self.data_addr = await self.motion.start()
         self.fence = EngineClient(self.nc, self.js, self.host_id, incarnation=self.incarnation,
                                   suspect_after_s=cfg.heartbeat_s * (names.HEARTBEAT_TTL_FACTOR - 1))
-        await self.heartbeat()  # placement knows this incarnation before it claims anything
         await self.fence.start()
         self.assignments = Assignments(self.fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
                                        orphan_grace_s=cfg.orphan_grace_s)
