@@ -129,11 +129,16 @@ def permissions(user: str) -> Permissions:
             [*_js_admin(_kv(names.ADMISSION_BUCKET)), f"$KV.{names.ADMISSION_BUCKET}.>",
              *_js_create(_kv(names.ENGINES_BUCKET)), *_js_read(names.SESSION_STREAM),
              *_js_read(_kv(names.SESSIONS_BUCKET)), f"$KV.{names.SESSIONS_BUCKET}.*",
-             names.FENCE_REGISTER, names.FENCE_CLOSE, names.FENCE_ASSIGN, names.PLACEMENT_PLACE],
+             names.FENCE_REGISTER, names.FENCE_CLOSE, names.FENCE_ASSIGN, names.PLACEMENT_PLACE,
+             names.PLACEMENT_HOSTS, names.PLACEMENT_DRAIN, names.PLACEMENT_UNDRAIN],
             [names.ping_subject("admission")],
         ),
         "placement": (
-            [*_js_create(_kv(names.ENGINES_BUCKET)), *_js_read(names.SESSION_STREAM), names.FENCE_ASSIGN],
+            [*_js_create(_kv(names.ENGINES_BUCKET)), *_js_read(names.SESSION_STREAM),
+             # its host records (reservations, drain state), CAS-written; the sessions hint it marks orphans in
+             *_js_admin(_kv(names.CAPACITY_BUCKET)), f"$KV.{names.CAPACITY_BUCKET}.>",
+             *_js_create(_kv(names.SESSIONS_BUCKET)), f"$KV.{names.SESSIONS_BUCKET}.*",
+             names.FENCE_ASSIGN, names.FENCE_META, names.MOVER_MOVE],
             [names.service_subjects("placement")],
         ),
         "mover": (

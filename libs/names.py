@@ -135,3 +135,14 @@ def inbox_prefix(user: str) -> str:
 def service_subjects(service: str) -> str:
     """Every request subject of one service (`sf.<service>.<verb>`): what its NATS user may serve."""
     return f"sf.{service}.>"
+
+# ---- failover, capacity and host lifecycle (issue 11, placement) ----
+# KV: one `HostRecord` per engine host: lifecycle state and capacity reservations, CAS on revision (owner: placement).
+CAPACITY_BUCKET = "sf_capacity"
+# Request/reply (owner: placement): HostsRequest → HostList; HostRequest → DrainReport / HostInfo.
+PLACEMENT_HOSTS = "sf.placement.hosts"
+PLACEMENT_DRAIN = "sf.placement.drain"
+PLACEMENT_UNDRAIN = "sf.placement.undrain"
+# `sf_engines` entries of a host that stopped beating go after this (a listing then no longer shows it).
+# Liveness is placement's to judge (three missed beats of the host's own interval), not this TTL's.
+ENGINES_TTL_S = 6.0

@@ -1,4 +1,4 @@
-"""`statefleet` command line: up, serve, status, engines, backends, admit-calc, session, nats-auth."""
+"""`statefleet` command line: up, serve, status, engines, host, backends, admit-calc, session, nats-auth."""
 
 from __future__ import annotations
 
@@ -121,9 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_argument("--codec-ms", type=float, default=0.0, help="codec time Y")
     calc.set_defaults(func=_admit_calc)
 
-    from statefleet import session
+    from statefleet import hosts, session
 
     session.add_parser(sub)
+    hosts.add_parser(sub)
     return p
 
 

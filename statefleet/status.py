@@ -11,6 +11,7 @@ import nats.js.errors
 from libs import bus, names
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry, ServiceEntry, SessionSummary
+from libs.schemas.placement import HostRecord
 from statefleet import json_out
 
 
@@ -52,25 +53,57 @@ async def fleet(nats_url: str) -> dict[str, list]:
             "services": await read_bucket(js, names.SERVICES_BUCKET, ServiceEntry),
             "engines": await read_bucket(js, names.ENGINES_BUCKET, EngineEntry),
             "sessions": await read_bucket(js, names.SESSIONS_BUCKET, SessionSummary),
+            "hosts": await read_bucket(js, names.CAPACITY_BUCKET, HostRecord),
         }
     finally:
         await nc.close()
 
 
+def host_states(engines: list[EngineEntry], records: list[HostRecord], now: float) -> dict[str, tuple[str, str]]:
+    """host id → (up | draining | drained | dead, incarnation). A host is live while its heartbeat is younger
+    than the missed beats placement allows; a host placement recorded without one is dead."""
+    live = {e.host_id: e for e in engines
+            if now - e.heartbeat_at <= names.HEARTBEAT_TTL_FACTOR * (e.heartbeat_s or 2.0)}
+    recs = {r.host_id: r for r in records}
+    out = {}
+    for host_id in sorted(set(live) | set(recs)):
+        e, r = live.get(host_id), recs.get(host_id)
+        state = "dead" if e is None else (r.state if r else "up")
+        out[host_id] = (state, e.incarnation if e else (r.incarnation if r else ""))
+    return out
+
+
+def shown_state(s: SessionSummary, hosts: dict[str, tuple[str, str]]) -> str:
+    """The summary's state, except that a session is never shown `serving` without a live owner process."""
+    if s.state == "serving":
+        state, incarnation = hosts.get(s.owner_server_id, ("dead", ""))
+        if state == "dead" or s.owner_incarnation not in ("", incarnation):
+            return "owner_dead"
+    return s.state
+
+
 async def print_status(nats_url: str, *, as_json: bool = False, all_sessions: bool = False) -> int:
     state = await fleet(nats_url or default_nats_url())
+    now = time.time()
+    hosts = host_states(state["engines"], state["hosts"], now)
+    for s in state["sessions"]:
+        s.state = shown_state(s, hosts)
     if as_json:
+        state["hosts"] = [{"host_id": h, "state": st, "incarnation": inc} for h, (st, inc) in hosts.items()]
         print(json_out.dumps(state))
         return 0
-    now = time.time()
     print(f"services ({len(state['services'])})")
     for s in sorted(state["services"], key=lambda s: (s.service, s.instance)):
         print(f"  {s.service:<12} {s.instance:<24} v{s.version:<8} up {now - s.started_at:7.1f}s  "
               f"pid {s.pid}@{s.hostname}")
-    print(f"engine hosts ({len(state['engines'])})")
-    for e in sorted(state["engines"], key=lambda e: e.host_id):
-        print(f"  {e.host_id:<12} {e.device:<8} mem {e.free_memory_bytes / 2**30:6.1f}/"
-              f"{e.memory_bytes / 2**30:6.1f} GiB free  sessions {e.sessions}")
+    print(f"engine hosts ({len(hosts)})")
+    engines = {e.host_id: e for e in state["engines"]}
+    for host_id, (host_state, incarnation) in hosts.items():
+        line = f"  {host_id:<12} {host_state:<9} incarnation {incarnation or '-':<17}"
+        if (e := engines.get(host_id)) is not None and host_state != "dead":
+            line += (f" {e.device:<8} mem {e.free_memory_bytes / 2**30:6.1f}/{e.memory_bytes / 2**30:6.1f} GiB free"
+                     f"  sessions {e.sessions}")
+        print(line)
     shown = [s for s in state["sessions"] if all_sessions or s.state != "closed"]
     hidden = len(state["sessions"]) - len(shown)
     print(f"sessions ({len(shown)}" + (f"; {hidden} closed not shown, --all lists them)" if hidden else ")"))

@@ -30,6 +30,8 @@ HTTP_PORTS = {"admission": 8700, "fence": 8701}
 # Prometheus /metrics of each process: services at base + their index, engine host i at base + 10 + i
 # (base 9700; SF_METRICS_BASE_PORT overrides it, 0 gives every process a free port of its own).
 METRICS_BASE_PORT = 9700
+# Placement runs as this many instances: none is special, so losing one mid-failover loses nothing.
+PLACEMENT_INSTANCES = 2
 RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 10.0
@@ -51,7 +53,7 @@ class Child:
 
     @property
     def service(self) -> str:
-        return "engine_host" if self.name.startswith("engine") else self.name
+        return "engine_host" if self.name.startswith("engine") else self.name.split("-")[0]
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it from here
@@ -120,12 +122,21 @@ class Supervisor:
         cred = self.credentials[bus_auth.user_for(service, host_id)]
         return {"SF_NATS_USER": cred.user, "SF_NATS_PASSWORD": cred.password}
 
+    @staticmethod
+    def _service_children() -> list[tuple[str, str]]:
+        """(process name, service) for every service process: placement runs as several instances."""
+        out = []
+        for name in (n for n in names.SERVICES if n != "engine_host"):
+            count = PLACEMENT_INSTANCES if name == "placement" else 1
+            out += [(f"{name}-{i}" if count > 1 else name, name) for i in range(count)]
+        return out
+
     def _start_children(self) -> None:
         base = {"SF_NATS_URL": self.nats_url, "SF_LOG_JSON": "true"}
         page = f"http://127.0.0.1:{self._http_port('admission')}"
         metrics = int(os.environ.get("SF_METRICS_BASE_PORT", METRICS_BASE_PORT))
-        for i, name in enumerate(n for n in names.SERVICES if n != "engine_host"):
-            env = {**base, **self._auth_env(name), "SF_INSTANCE_ID": f"{name}-0",
+        for i, (child, name) in enumerate(self._service_children()):
+            env = {**base, **self._auth_env(name), "SF_INSTANCE_ID": child if "-" in child else f"{name}-0",
                    "SF_METRICS_PORT": str(metrics and metrics + i)}
             if name in HTTP_PORTS:
                 env["SF_HTTP_PORT"] = self._http_port(name)
@@ -135,7 +146,7 @@ class Supervisor:
                 env[admin_token.ENV] = self.admin_token
             if name == "fence":  # the pages admission serves may open session sockets
                 env["SF_ALLOWED_ORIGINS"] = f"{page},{page.replace('127.0.0.1', 'localhost')}"
-            self.children.append(Child(name, env, self.data_dir / "logs" / f"{name}.log"))
+            self.children.append(Child(child, env, self.data_dir / "logs" / f"{child}.log"))
         for i, host_id in enumerate(self.host_ids):
             device = f"cuda:{i}" if self.device == "cuda" else self.device
             env = {**base, **self._auth_env("engine_host", host_id),

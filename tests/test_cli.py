@@ -71,7 +71,7 @@ def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
                 r = statefleet("status", "--json", "--nats-url", url_file.read_text().strip())
                 if r.returncode == 0:
                     state = json.loads(r.stdout)
-                    if len(state["services"]) == 6 and len(state["engines"]) == 2:
+                    if len(state["services"]) == 7 and len(state["engines"]) == 2:
                         break
             time.sleep(0.5)
         assert {s["service"] for s in state["services"]} == set(names.SERVICES)
@@ -93,7 +93,7 @@ def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
         _session_round_trip(env, url_file.read_text().strip(), tmp_path)
 
         tree = _children_of(up.pid)
-        assert len(tree) >= 7  # nats-server, 4 services, 2 engine hosts
+        assert len(tree) >= 8  # nats-server, 4 services (placement twice), 2 engine hosts
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=40)
         assert up.returncode == 0, out
@@ -160,10 +160,10 @@ def test_killed_supervisor_takes_its_children_with_it(tmp_path):
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 30
     tree: list[int] = []
-    while time.monotonic() < deadline and len(tree) < 7:
+    while time.monotonic() < deadline and len(tree) < 8:
         time.sleep(0.3)
         tree = _children_of(up.pid)
-    assert len(tree) >= 7
+    assert len(tree) >= 8
     up.kill()
     up.wait()
     deadline = time.monotonic() + 15

@@ -13,12 +13,19 @@ An engine host builds one `EngineClient(nc, js, server_id)`. For each session:
 The lease reads the session log from its claim onward and yields the items of
 releases addressed to exactly its `(server_id, version)`; anything else in the
 log is skipped, and an assign to anyone else ends it (`lease.revoked` is set).
+
+A host that placement may have declared dead (its heartbeats stopped reaching the
+bus for long enough: a stopped process, a partition) may already have been
+replaced, while releases addressed to it still sit in its consumer. So once the
+host's heartbeats have had such a gap, every lease confirms its claim on the log
+before it yields its next item, and ends if the claim is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import nats.errors
@@ -55,15 +62,37 @@ KICK_ATTEMPTS = 20
 NOTICE_RETRY_S = 0.5
 # The lease's ordered consumer notices a lost consumer (e.g. a NATS restart) after missed heartbeats.
 LEASE_HEARTBEAT_S = 1.0
+CONFIRM_RETRY_S = 0.2
 
 
 class EngineClient:
-    def __init__(self, nc: NATS, js: JetStreamContext, server_id: str) -> None:
+    """`incarnation`: this process of `server_id` (claims carry it; assigns naming another are not ours).
+    `suspect_after_s`: a heartbeat gap this long means placement may have declared us dead (0: never)."""
+
+    def __init__(self, nc: NATS, js: JetStreamContext, server_id: str, *, incarnation: str = "",
+                 suspect_after_s: float = 0.0) -> None:
         self.nc, self.js, self.server_id = nc, js, server_id
+        self.incarnation = incarnation
+        self.suspect_after_s = suspect_after_s
         self._notices: asyncio.Queue[AssignNotice] = asyncio.Queue()
         self._sub: Subscription | None = None
         self._leases: dict[str, Lease] = {}
         self._meta_kv: KeyValue | None = None
+        self._last_beat: float | None = None  # monotonic time the host's last heartbeat landed
+        self._epoch = 0  # bumped by every heartbeat gap long enough to have been declared dead
+
+    def heartbeat_landed(self, at: float) -> None:
+        """The host's heartbeat reached the bus at monotonic `at`."""
+        if self._last_beat is not None and self.suspect_after_s and at - self._last_beat > self.suspect_after_s:
+            self._epoch += 1
+        self._last_beat = at
+
+    def trusted_epoch(self) -> int | None:
+        """The liveness epoch while our heartbeats are beyond doubt; None while they may have lapsed."""
+        if self.suspect_after_s and self._last_beat is not None \
+                and time.monotonic() - self._last_beat > self.suspect_after_s:
+            return None
+        return self._epoch
 
     async def start(self) -> None:
         """Listen for assignments addressed to this server (a hint; each is checked against the log)."""
@@ -101,7 +130,9 @@ class EngineClient:
                 await asyncio.sleep(NOTICE_RETRY_S)
                 self._notices.put_nowait(notice)
                 continue
-            if tail.view.owner == Owner(server_id=self.server_id, version=notice.version):
+            view = tail.view
+            if view.owner == Owner(server_id=self.server_id, version=notice.version) \
+                    and view.incarnation in ("", self.incarnation):
                 return notice
 
     async def assignments(self) -> AsyncIterator[AssignNotice]:
@@ -120,7 +151,7 @@ class EngineClient:
         me = Owner(server_id=self.server_id, version=version)
         for _ in range(bus.MAX_CAS_ATTEMPTS):
             tail = await session_log.read_tail(self.js, session_id)
-            event = core.decide_claim(tail.view, self.server_id, version, cursor)
+            event = core.decide_claim(tail.view, self.server_id, version, cursor, incarnation=self.incarnation)
             try:
                 new = await session_log.append(self.js, session_id, tail, event)
                 break
@@ -172,6 +203,7 @@ class Lease:
         self.applied = cursor
         self.read_after = read_after  # a log position at or just before the claim: the lease reads after it
         self.revoked = asyncio.Event()
+        self._epoch = client.trusted_epoch()  # the liveness epoch the claim was last confirmed in
         self._items: asyncio.Queue[InputItem | None] = asyncio.Queue()
         self._next = cursor + 1
         self._sub: Subscription | None = None
@@ -241,9 +273,30 @@ class Lease:
     async def _iterate(self) -> AsyncIterator[InputItem]:
         while True:
             item = await self._items.get()
-            if item is None:
+            if item is None or not await self._confirmed():
                 return
             yield item
+
+    async def _confirmed(self) -> bool:
+        """Whether the claim still stands; read from the log when our liveness was in doubt since it was
+        last confirmed (we may have been replaced meanwhile)."""
+        epoch = self.client.trusted_epoch()
+        if epoch is not None and epoch == self._epoch:
+            return True
+        while True:
+            try:
+                tail = await session_log.read_tail(self.client.js, self.session_id)
+                break
+            except errors.StatefleetError as e:  # cannot confirm: apply nothing until we can
+                _log.warning("claim_unconfirmed", session_id=self.session_id, error=e.detail)
+                await asyncio.sleep(CONFIRM_RETRY_S)
+        if not core.authorized(self.owner, tail.view):
+            _log.warning("claim_lost_while_unresponsive", session_id=self.session_id, server_id=self.owner.server_id,
+                         version=self.owner.version)
+            await self.stop()
+            return False
+        self._epoch = self.client._epoch if epoch is None else epoch
+        return True
 
     async def report_applied(self, cursor: int) -> None:
         """The engine's state now reflects every item up to `cursor` (kept in the meta bucket as a hint)."""

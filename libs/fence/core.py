@@ -54,7 +54,7 @@ def accepts(me: Owner, release: Release, protocol: Protocol = "full") -> bool:
 # ---------------------------------------------------------------- decisions
 
 
-def decide_assign(view: SessionView, server_id: str, version: int) -> Assign:
+def decide_assign(view: SessionView, server_id: str, version: int, incarnation: str = "") -> Assign:
     """An assign must raise the version by exactly one; an unclaimed assignment may be superseded."""
     _open(view)
     if not server_id:
@@ -62,12 +62,13 @@ def decide_assign(view: SessionView, server_id: str, version: int) -> Assign:
     latest = view.owner.version if view.owner else 0
     if version != latest + 1:
         raise Conflict(f"assign version {version} does not follow {latest}", version=version, latest=latest)
-    return Assign(server_id=server_id, version=version)
+    return Assign(server_id=server_id, version=version, incarnation=incarnation)
 
 
 def decide_claim(view: SessionView, server_id: str, version: int, cursor: int,
-                 protocol: Protocol = "full") -> Claim:
-    """A claim is valid only from the latest assign's server (and version, under "full"), once."""
+                 protocol: Protocol = "full", incarnation: str = "") -> Claim:
+    """A claim is valid only from the latest assign's server (and version, under "full"), once, and
+    only from the process the assign named, if it named one (a restarted host never inherits)."""
     _open(view)
     if cursor < 0:
         raise BadRequest(f"claim cursor {cursor} is negative", cursor=cursor)
@@ -80,7 +81,10 @@ def decide_claim(view: SessionView, server_id: str, version: int, cursor: int,
     if view.claim is not None:
         raise Conflict("the session is already claimed for this assignment", server_id=server_id,
                        version=version)
-    return Claim(server_id=server_id, version=version, cursor=cursor)
+    if view.incarnation and view.incarnation != incarnation:
+        raise Conflict(f"the assignment names incarnation {view.incarnation}, not {incarnation or '(none)'}",
+                       server_id=server_id, version=version)
+    return Claim(server_id=server_id, version=version, cursor=cursor, incarnation=incarnation)
 
 
 def decide_release(view: SessionView, to: Owner | None, items: list[InputItem], input_pos: int = 0,
@@ -114,17 +118,17 @@ def apply(view: SessionView, event: Event) -> SessionView:
     """The view after `event` (an event the decisions above produced for `view`)."""
     if isinstance(event, Assign):
         return SessionView(owner=Owner(server_id=event.server_id, version=event.version),
-                           released=view.released, input_pos=view.input_pos)
+                           released=view.released, input_pos=view.input_pos, incarnation=event.incarnation)
     if isinstance(event, Claim):
         # The new owner's state reflects `cursor`: releases restart right after it.
         pos = view.input_pos if event.cursor == view.released else 0
         return SessionView(owner=view.owner, claim=Owner(server_id=event.server_id, version=event.version),
-                           released=event.cursor, input_pos=pos)
+                           released=event.cursor, input_pos=pos, incarnation=event.incarnation)
     if isinstance(event, Release):
         return SessionView(owner=view.owner, claim=view.claim, released=event.items[-1].seq,
-                           input_pos=event.input_pos)
+                           input_pos=event.input_pos, incarnation=view.incarnation)
     return SessionView(owner=view.owner, claim=view.claim, released=view.released,
-                       input_pos=view.input_pos, closed=True)
+                       input_pos=view.input_pos, closed=True, incarnation=view.incarnation)
 
 
 def _open(view: SessionView) -> None:

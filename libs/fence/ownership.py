@@ -34,8 +34,10 @@ class Assigned:
 
 
 async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str, *,
-                 expect_version: int | None = None) -> Assigned:
+                 expect_version: int | None = None, incarnation: str = "") -> Assigned:
     """Ask fence to make `server_id` the assigned owner (unclaimed) with the next version.
+
+    `incarnation` names the one process of `server_id` that may claim ("" = whichever runs there).
 
     Fence is the log's only writer (`names.FENCE_ASSIGN`); `js` stays in the signature so callers
     that read the log with it call this unchanged.
@@ -43,7 +45,8 @@ async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str
     del js
     session_log.check_session_id(session_id)
     reply = await bus.request(nc, names.FENCE_ASSIGN, AssignRequest(
-        session_id=session_id, server_id=server_id, expect_version=expect_version), AssignReply)
+        session_id=session_id, server_id=server_id, expect_version=expect_version, incarnation=incarnation),
+        AssignReply)
     return Assigned(reply.session_id, reply.server_id, reply.version, reply.log_seq)
 
 
@@ -57,7 +60,7 @@ async def append_assign(nc: NATS, js: JetStreamContext, request: AssignRequest) 
         if expect_version is not None and latest != expect_version:
             raise errors.Conflict(f"session is at version {latest}, not {expect_version}",
                                   session_id=session_id, latest=latest, expected=expect_version)
-        event = core.decide_assign(tail.view, server_id, latest + 1)
+        event = core.decide_assign(tail.view, server_id, latest + 1, request.incarnation)
         try:
             new = await session_log.append(js, session_id, tail, event)
         except errors.Conflict:
@@ -87,6 +90,7 @@ async def update_summary(js: JetStreamContext, session_id: str, view: SessionVie
         summary.owner_server_id = owner.server_id if owner else ""
         summary.owner_version = owner.version if owner else 0
         summary.claimed = core.current_owner(view) is not None
+        summary.owner_incarnation = view.incarnation
         summary.state = "closed" if view.closed else ("serving" if summary.claimed else
                                                        "assigned" if owner else "pending")
         for key, value in fields.items():

@@ -88,6 +88,9 @@ class SessionStatus(Msg):
     owner_server_id: str = ""  # the latest fence assignment (server_id, version)
     owner_version: int = 0
     claimed: bool = False  # the assigned server has claimed: it takes the session's input
+    # What fence and placement say about the owner: pending | assigned | serving | orphaned (its host died
+    # and none has room yet; retried as room appears) | owner_dead (not yet failed over) | closed.
+    owner_state: str = ""
 
 
 class CreatedSession(SessionStatus):

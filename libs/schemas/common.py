@@ -92,6 +92,8 @@ class EngineEntry(Msg):
     data_addr: str = ""  # host:port of the mover data plane (TCP) on this host
     machine: str = ""  # boot id + hostname (`libs.motion.machine`): equal on two hosts that share memory
     backends: list[BackendInfo] = []
+    incarnation: str = ""  # random per engine-host process start: a new one is a restarted host
+    heartbeat_s: float = 0.0  # how often this host beats; placement declares it dead after missed beats
 
 
 class SessionSummary(Msg):
@@ -105,6 +107,7 @@ class SessionSummary(Msg):
     owner_version: int = 0
     claimed: bool = False
     updated_at: float = 0.0
+    owner_incarnation: str = ""  # the owner's engine-host process (see SessionView.incarnation)
 
 
 class InputItem(Msg):

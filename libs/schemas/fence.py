@@ -26,6 +26,9 @@ class SessionView(Msg, frozen=True):
     released: int = 0  # the last item seq released to the current claim (its cursor at claim time before any)
     input_pos: int = 0  # input-stream sequence of the batch holding item `released` (0 = unknown: look it up)
     closed: bool = False
+    # The engine-host process (incarnation) the owner is: the claimant's once claimed, else the one the
+    # assign named ("" = unnamed). A restarted host process is a new incarnation and never inherits.
+    incarnation: str = ""
 
 
 # ---------------------------------------------------------------- log events
@@ -34,12 +37,14 @@ class SessionView(Msg, frozen=True):
 class Assign(Msg, frozen=True, tag="assign"):
     server_id: str
     version: int
+    incarnation: str = ""  # only this process of `server_id` may claim ("" = any)
 
 
 class Claim(Msg, frozen=True, tag="claim"):
     server_id: str
     version: int
     cursor: int  # the item seq the claimant's installed state reflects
+    incarnation: str = ""  # the claiming engine-host process
 
 
 class Release(Msg, frozen=True, tag="release"):
@@ -152,6 +157,7 @@ class AssignRequest(Msg):
     session_id: str
     server_id: str
     expect_version: int | None = None
+    incarnation: str = ""  # only this process of `server_id` may claim ("" = any)
 
 
 class AssignReply(Msg):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from libs.contracts import Contract, Estimate, Guard
 from libs.schemas.base import Msg
 
@@ -23,3 +25,76 @@ class Placement(Msg):
     session_id: str
     host_id: str
     estimate: Estimate  # the arithmetic on the chosen host, from its own heartbeat and profile rows
+    incarnation: str = ""  # the host process the session is reserved on (the assign names it)
+
+
+# ---------------------------------------------------------------- capacity reservations (KV `sf_capacity`)
+
+HostState = Literal["up", "draining", "drained"]
+
+
+class Reserved(Msg):
+    """One session's claim on a host's capacity, made by compare-and-set before it is assigned there."""
+
+    busy_fraction: float
+    state_bytes: int
+    at: float  # when it was reserved (placer's clock): it counts until a heartbeat this much newer shows it
+    incarnation: str = ""  # the host process it was reserved on; a death of that process releases it
+
+
+class HostRecord(Msg):
+    """A host's lifecycle state and its reservations: one KV entry per host, updated only by CAS on its
+    revision, so two placers never both take the last room on a host."""
+
+    host_id: str
+    state: HostState = "up"
+    incarnation: str = ""  # the latest process placement has seen for this host
+    sessions: dict[str, Reserved] = {}
+
+
+# ---------------------------------------------------------------- host lifecycle (`sf.placement.hosts|drain|undrain`)
+
+HOST_ID_PATTERN = "^[A-Za-z0-9_-]{1,64}$"  # host ids are subject tokens
+HostLiveness = Literal["up", "draining", "drained", "dead"]
+DrainOutcome = Literal["moved", "handed_over", "no_room", "failed"]
+
+
+class HostsRequest(Msg):
+    pass
+
+
+class HostInfo(Msg):
+    host_id: str
+    state: HostLiveness
+    incarnation: str = ""
+    sessions: int = 0  # sessions fence says this host owns
+    reserved: int = 0  # reservations held on it
+    busy_fraction: float = 0.0  # measured, from its last heartbeat
+    heartbeat_age_s: float = 0.0
+
+
+class HostList(Msg):
+    hosts: list[HostInfo]
+
+
+class HostRequest(Msg):
+    """`drain` / `undrain` one host."""
+
+    host_id: str
+
+
+class SessionOutcome(Msg):
+    """What drain did with one session: live-moved (`moved`), handed over by checkpoint + replay because its
+    live move was inadmissible or failed (`handed_over`), left in place for want of room (`no_room`), or `failed`."""
+
+    session_id: str
+    outcome: DrainOutcome
+    dest: str = ""
+    detail: str = ""
+
+
+class DrainReport(Msg):
+    host_id: str
+    state: HostLiveness
+    outcomes: list[SessionOutcome] = []
+    remaining: int = 0  # sessions fence still says the host owns (0 once drained)

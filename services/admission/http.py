@@ -7,6 +7,9 @@ Routes (the OpenAPI document at `/openapi.json` is the contract):
   (the session routes: Authorization: Bearer <API key or admin token> when any is configured; auth.py)
   GET    /v1/admin/queue              → QueueView   (Authorization: Bearer <admin_token>)
   GET    /v1/admin/fleet              → FleetView   (Authorization: Bearer <admin_token>)
+  GET    /v1/admin/hosts              → HostList    (admin; placement's view: up/draining/drained/dead)
+  POST   /v1/admin/hosts/{host_id}/drain    → DrainReport (admin; answers once the host is empty)
+  POST   /v1/admin/hosts/{host_id}/undrain  → HostInfo    (admin)
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from libs.schemas.admission import (
     SessionStatus,
 )
 from libs.schemas.base import check_version
+from libs.schemas.placement import HOST_ID_PATTERN, DrainReport, HostInfo, HostList
 from services.admission.auth import Caller, Credentials
 from services.admission.openapi import OPENAPI
 
@@ -42,6 +46,7 @@ _SESSION_ID = re.compile(SESSION_ID_PATTERN.strip("^$"))  # fullmatch: `$` admit
 _BACKEND = re.compile(BACKEND_PATTERN.strip("^$"))
 MAX_BODY_BYTES = 256 * 1024  # a create body: contract and prompt (itself at most MAX_PROMPT_CHARS)
 MAX_BODY_DEPTH = 32
+_HOST_ID = re.compile(HOST_ID_PATTERN.strip("^$"))
 _FIELD = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 
@@ -52,6 +57,9 @@ class SessionApi(Protocol):
     async def delete(self, session_id: str, caller: Caller) -> None: ...
     def queue_view(self) -> QueueView: ...
     def fleet_view(self) -> FleetView: ...
+    async def host_list(self) -> HostList: ...
+    async def drain_host(self, host_id: str) -> DrainReport: ...
+    async def undrain_host(self, host_id: str) -> HostInfo: ...
 
 
 def make_app(api: SessionApi, credentials: Credentials, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
@@ -77,6 +85,18 @@ def make_app(api: SessionApi, credentials: Credentials, *, max_body_bytes: int =
         credentials.admin(request)
         return _json(api.fleet_view())
 
+    async def hosts(request: web.Request) -> web.Response:
+        credentials.admin(request)
+        return _json(await api.host_list())
+
+    async def drain(request: web.Request) -> web.Response:
+        credentials.admin(request)
+        return _json(await api.drain_host(_host_id(request)))
+
+    async def undrain(request: web.Request) -> web.Response:
+        credentials.admin(request)
+        return _json(await api.undrain_host(_host_id(request)))
+
     async def openapi(_: web.Request) -> web.Response:
         return web.json_response(OPENAPI)
 
@@ -86,6 +106,9 @@ def make_app(api: SessionApi, credentials: Credentials, *, max_body_bytes: int =
     app.router.add_delete("/v1/sessions/{session_id}", delete)
     app.router.add_get("/v1/admin/queue", queue, allow_head=False)
     app.router.add_get("/v1/admin/fleet", fleet, allow_head=False)
+    app.router.add_get("/v1/admin/hosts", hosts, allow_head=False)
+    app.router.add_post("/v1/admin/hosts/{host_id}/drain", drain)
+    app.router.add_post("/v1/admin/hosts/{host_id}/undrain", undrain)
     app.router.add_get("/openapi.json", openapi, allow_head=False)
     return app
 
@@ -132,6 +155,13 @@ def _session_id(request: web.Request) -> str:
     if not _SESSION_ID.fullmatch(sid):
         raise BadRequest("session_id must be 32 lowercase hex digits", field="session_id")
     return sid
+
+
+def _host_id(request: web.Request) -> str:
+    host_id = request.match_info["host_id"]
+    if not _HOST_ID.fullmatch(host_id):
+        raise BadRequest("host_id must be 1-64 of [A-Za-z0-9_-]", field="host_id")
+    return host_id
 
 
 def _json(body: Any, status: int = 200) -> web.Response:

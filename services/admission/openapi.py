@@ -15,9 +15,11 @@ from libs.schemas.admission import (
     QueueView,
     SessionStatus,
 )
+from libs.schemas.placement import HOST_ID_PATTERN, DrainReport, HostInfo, HostList
 
 _REF = "#/components/schemas/{name}"
-_, _COMPONENTS = msgspec.json.schema_components([CreateSession, CreatedSession, SessionStatus, QueueView, FleetView, Problem],
+_, _COMPONENTS = msgspec.json.schema_components([CreateSession, CreatedSession, SessionStatus, QueueView, FleetView,
+                                                  HostList, HostInfo, DrainReport, Problem],
                                                  ref_template=_REF)
 
 
@@ -36,6 +38,7 @@ def _problems(*statuses: int) -> dict[str, Any]:
 _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
                "schema": {"type": "string", "pattern": SESSION_ID_PATTERN}}
 _ADMIN = [{"adminToken": []}]
+_HOST_ID = {"name": "host_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": HOST_ID_PATTERN}}
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -63,6 +66,19 @@ OPENAPI: dict[str, Any] = {
         "/v1/admin/fleet": {"get": {
             "operationId": "adminFleet", "summary": "Live engine hosts and pending placements", "security": _ADMIN,
             "responses": {"200": _body(FleetView, "the hosts admission sees"), **_problems(401, 403)}}},
+        "/v1/admin/hosts": {"get": {
+            "operationId": "adminHosts", "summary": "Engine hosts as placement sees them: up, draining, drained, dead",
+            "security": _ADMIN,
+            "responses": {"200": _body(HostList, "every host placement knows"), **_problems(401, 403, 503)}}},
+        "/v1/admin/hosts/{host_id}/drain": {"parameters": [_HOST_ID], "post": {
+            "operationId": "adminDrainHost", "security": _ADMIN,
+            "summary": "Stop placing on a host and move every session off it (live, or by checkpoint + replay)",
+            "responses": {"200": _body(DrainReport, "each session's outcome; state drained once empty"),
+                          **_problems(400, 401, 403, 404, 503, 504)}}},
+        "/v1/admin/hosts/{host_id}/undrain": {"parameters": [_HOST_ID], "post": {
+            "operationId": "adminUndrainHost", "summary": "Let a drained host take sessions again",
+            "security": _ADMIN,
+            "responses": {"200": _body(HostInfo, "the host"), **_problems(400, 401, 403, 404, 503)}}},
     },
     "components": {
         "schemas": _COMPONENTS,

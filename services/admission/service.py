@@ -53,10 +53,18 @@ from libs.schemas.admission import (
     SessionStatus,
 )
 from libs.schemas.base import decode, encode
-from libs.schemas.common import EngineEntry
+from libs.schemas.common import EngineEntry, SessionSummary
 from libs.schemas.fence import CloseReply, CloseRequest, RegisterReply, RegisterRequest
 from libs.schemas.motion import MoveReceipt, MoveRequest
-from libs.schemas.placement import Placement, PlaceRequest
+from libs.schemas.placement import (
+    DrainReport,
+    HostInfo,
+    HostList,
+    HostRequest,
+    HostsRequest,
+    Placement,
+    PlaceRequest,
+)
 from libs.service import Service
 from libs.telemetry import counter, histogram, traced
 from services.admission import http, media_rate
@@ -86,6 +94,7 @@ class AdmissionConfig(BaseConfig, kw_only=True):
     place_timeout_s: PositiveFloat = 2.0
     engine_watch_silence_s: PositiveFloat = 5.0  # re-open the sf_engines watch after this long without news
     fence_timeout_s: PositiveFloat = 2.0
+    drain_timeout_s: PositiveFloat = 300.0  # a drain answers once every session is off the host
     # Where clients reach fence's ingress (input and output); `statefleet up` sets it to fence's port.
     ingress_url: str = "http://127.0.0.1:8701"
 
@@ -254,7 +263,7 @@ class AdmissionService(Service):
             placement = await bus.request(self.nc, names.PLACEMENT_PLACE, req, Placement,
                                           timeout_s=self.config.place_timeout_s)
             # The host learns of the session from this assignment; it claims once its state is up.
-            await assign(self.nc, self.js, sid, placement.host_id)
+            await assign(self.nc, self.js, sid, placement.host_id, incarnation=placement.incarnation)
         except (Rejected, Unavailable, Timeout, Conflict) as e:
             self.log.info("placement_deferred", session_id=sid, code=e.code, detail=e.detail)
             return None
@@ -363,8 +372,35 @@ class AdmissionService(Service):
         owner, claim = tail.view.owner, tail.view.claim
         if owner is not None:
             view = msgspec.structs.replace(view, owner_server_id=owner.server_id, owner_version=owner.version,
-                                           claimed=claim == owner)
+                                           claimed=claim == owner, owner_state=await self._owner_state(r.session_id))
         return view
+
+    async def _owner_state(self, session_id: str) -> str:
+        """The `sf_sessions` word on the owner; never `serving` while its host process is not live."""
+        try:
+            kv = await self.js.key_value(names.SESSIONS_BUCKET)
+            summary = decode((await kv.get(session_id)).value, SessionSummary)
+        except (nats.errors.Error, StatefleetError):
+            return ""
+        if summary.state == "serving":
+            host = next((h for h in self._live() if h.host_id == summary.owner_server_id), None)
+            if host is None or summary.owner_incarnation not in ("", host.incarnation):
+                return "owner_dead"
+        return summary.state
+
+    # ------------------------------------------------------------ host lifecycle (admin; placement decides)
+
+    async def host_list(self) -> HostList:
+        return await bus.request(self.nc, names.PLACEMENT_HOSTS, HostsRequest(), HostList,
+                                 timeout_s=self.config.place_timeout_s)
+
+    async def drain_host(self, host_id: str) -> DrainReport:
+        return await bus.request(self.nc, names.PLACEMENT_DRAIN, HostRequest(host_id=host_id), DrainReport,
+                                 timeout_s=self.config.drain_timeout_s)
+
+    async def undrain_host(self, host_id: str) -> HostInfo:
+        return await bus.request(self.nc, names.PLACEMENT_UNDRAIN, HostRequest(host_id=host_id), HostInfo,
+                                 timeout_s=self.config.place_timeout_s)
 
     def _view(self, r: SessionRecord) -> SessionStatus:
         est = r.verdict.estimates[0] if r.verdict.estimates else None

@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -38,6 +39,9 @@ from services.engine_host.runtime import EngineRuntime
 
 
 class EngineHostConfig(BaseConfig, kw_only=True):
+    # Placement declares a host dead after HEARTBEAT_TTL_FACTOR beats without one (1.5 s): the failover
+    # budget (docs/placement.md says what it costs the bus).
+    heartbeat_s: PositiveFloat = 0.5
     host_id: str = ""
     device: str = "cpu"
     max_sessions: PositiveInt = 64
@@ -92,6 +96,8 @@ class EngineHostService(Service):
         config.instance_id = config.instance_id or config.host_id or f"{socket.gethostname()}-{config.device}"
         super().__init__(config)
         self.host_id = config.host_id or self.instance
+        # This process: claims carry it, and a restart is a new one that inherits no session.
+        self.incarnation = uuid.uuid4().hex[:16]
         self.device = torch.device(config.device)
         self.profile: list[ProfileRow] = []
 
@@ -107,7 +113,7 @@ class EngineHostService(Service):
         cfg: EngineHostConfig = self.config
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        ttl = cfg.heartbeat_s * names.HEARTBEAT_TTL_FACTOR
+        ttl = names.ENGINES_TTL_S  # liveness is placement's to judge; the TTL only clears dead entries
         self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl, replicas=cfg.nats_replicas)
         objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)
         store = CheckpointStore(objects, cfg.checkpoint_dir or None, inline_max_bytes=cfg.checkpoint_inline_max_bytes)
@@ -142,12 +148,14 @@ class EngineHostService(Service):
             await bus.serve(self.nc, subject, req_type, traced_handler, concurrency=cfg.verb_concurrency)
         self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind, staging_bytes=cfg.staging_pool_bytes)
         self.data_addr = await self.motion.start()
-        fence = EngineClient(self.nc, self.js, self.host_id)
-        await fence.start()
-        self.assignments = Assignments(fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
+        self.fence = EngineClient(self.nc, self.js, self.host_id, incarnation=self.incarnation,
+                                  suspect_after_s=cfg.heartbeat_s * (names.HEARTBEAT_TTL_FACTOR - 1))
+        await self.fence.start()
+        self.assignments = Assignments(self.fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
                                        orphan_grace_s=cfg.orphan_grace_s)
         self._taking = self.spawn(self.assignments.run(), "assignments")
-        self.log.info("engine_host_ready", host_id=self.host_id, device=str(self.device),
+        self.log.info("engine_host_ready", host_id=self.host_id, incarnation=self.incarnation,
+                      device=str(self.device),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 
     def _measure_profile(self) -> list[ProfileRow]:
@@ -189,8 +197,10 @@ class EngineHostService(Service):
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
                             sessions=len(rt.sessions), profile=self.profile, busy_fraction=rt.busy_fraction(),
                             state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
-                            backends=self.backend_infos, machine=self.motion.machine)
+                            backends=self.backend_infos, machine=self.motion.machine,
+                            incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s)
         await self.engines_kv.put(self.host_id, encode(entry))
+        self.fence.heartbeat_landed(time.monotonic())
 
     async def teardown(self) -> None:
         await self.assignments.stop()

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import msgspec
 import pytest
 
 from libs import bus, names
+from libs.contracts import Guard
 from libs.errors import Rejected, SchemaError
 from libs.schemas.base import encode
 from libs.schemas.common import Ping
-from libs.schemas.placement import Placement
+from libs.schemas.placement import Placement, PlaceRequest
 from tests.admission.conftest import placement  # noqa: F401  (the service, started on the test's server)
-from tests.admission.fleet import host
-from tests.placement.test_first_fit import req
+from tests.admission.fleet import c1, host
+
+
+def req(sid: str = "s1") -> PlaceRequest:
+    return PlaceRequest(session_id=sid, backend="world", contract=c1(), guard=Guard(max_sessions=8))
+
 
 pytestmark = pytest.mark.usefixtures("placement")
 
@@ -31,8 +38,11 @@ async def test_place_answers_the_first_fitting_host(nc):
     assert await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement) == p  # a retry: same host
 
 
-async def test_no_fit_and_stale_hosts_are_a_typed_reject(nc):
-    await beat(nc, host("h0", busy=0.85, at=time.time()), host("h1", at=time.time() - 60))  # h1 is stale
+async def test_no_fit_and_silent_hosts_are_a_typed_reject(nc):
+    # h1 declares a 50 ms heartbeat and then stays silent: three missed beats and it is dead.
+    await beat(nc, host("h0", busy=0.85, at=time.time()),
+               msgspec.structs.replace(host("h1", at=time.time()), heartbeat_s=0.05))
+    await asyncio.sleep(0.3)
     with pytest.raises(Rejected) as e:
         await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement)
     assert e.value.reason == "no_fit" and e.value.hosts == "h0:busy"

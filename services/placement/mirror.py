@@ -1,0 +1,93 @@
+"""A KV bucket mirrored in memory through a watch: the latest decoded value of every key.
+
+What it holds is a hint (decisions are compare-and-set writes elsewhere). The watch is an
+ordered consumer, which does not outlive a server restart, so it is re-opened (replaying
+every key's latest value) after the connection was lost, or after `silence_s` without news.
+`current` says whether the mirror is following the bucket now: after a lost connection it
+is not, until the re-opened watch has caught up, so silence seen through it means nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import nats.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js.kv import KeyValue
+
+from libs.errors import StatefleetError
+from libs.schemas.base import decode
+
+M = TypeVar("M")
+CHECK_S = 0.25  # how often a quiet watch checks whether the connection was lost meanwhile
+_log = structlog.get_logger("statefleet.placement.mirror")
+
+
+class KvMirror(Generic[M]):
+    """`on_change(key, value)` runs for every update (value None for a delete) after `values` has it."""
+
+    def __init__(self, nc: NATS, kv: KeyValue, typ: type[M], *, silence_s: float,
+                 on_change: Callable[[str, M | None], None] | None = None) -> None:
+        self.nc, self.kv, self.typ, self.silence_s = nc, kv, typ, silence_s
+        self.on_change = on_change
+        self.values: dict[str, M] = {}
+        self.ready = asyncio.Event()  # set once the first watch has delivered every existing key
+        self._caught_up = False  # the current watch has delivered every existing key
+        self._reconnects = -1  # the connection's reconnect count when the current watch opened
+
+    @property
+    def current(self) -> bool:
+        return self._caught_up and self.nc.is_connected and self.nc.stats["reconnects"] == self._reconnects
+
+    async def run(self) -> None:
+        while True:
+            self._caught_up = False
+            self._reconnects = self.nc.stats["reconnects"]
+            try:
+                watcher = await self.kv.watchall()
+            except (nats.errors.Error, TimeoutError) as e:  # the bus is down: try again shortly
+                _log.warning("kv_watch_failed", bucket=self.kv._name, error=type(e).__name__)
+                await asyncio.sleep(self.silence_s)
+                continue
+            try:
+                await self._follow(watcher)
+            except nats.errors.TimeoutError:
+                _log.debug("kv_watch_reopen", bucket=self.kv._name)  # quiet, or the connection was lost
+            except (nats.errors.Error, TimeoutError) as e:
+                _log.info("kv_watch_reopen", bucket=self.kv._name, reason=type(e).__name__)
+            finally:
+                with contextlib.suppress(nats.errors.Error, TimeoutError):
+                    await watcher.stop()
+
+    async def _follow(self, watcher) -> None:
+        quiet = 0.0
+        while True:
+            try:
+                entry = await watcher.updates(timeout=CHECK_S)
+            except nats.errors.TimeoutError:
+                quiet += CHECK_S
+                if quiet >= self.silence_s or self.nc.stats["reconnects"] != self._reconnects:
+                    raise
+                continue
+            quiet = 0.0
+            if entry is None:
+                self._caught_up = True  # the "caught up" marker
+                self.ready.set()
+                continue
+            value = None
+            if entry.operation not in ("DEL", "PURGE") and entry.value:
+                try:
+                    value = decode(entry.value, self.typ)
+                except StatefleetError as e:
+                    _log.warning("kv_entry_undecodable", bucket=self.kv._name, key=entry.key, detail=e.detail)
+                    continue
+            if value is None:
+                self.values.pop(entry.key, None)
+            else:
+                self.values[entry.key] = value
+            if self.on_change is not None:
+                self.on_change(entry.key, value)

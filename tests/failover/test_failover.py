@@ -1,0 +1,89 @@
+"""Host failover on a real stack: engine hosts are processes that die by SIGKILL, stop by SIGSTOP, or restart.
+
+Each test checks the fencing invariants over every session's whole log (tests/fence/invariants.py), and that
+the new owner's state folded in every accepted item exactly once (the runtime refuses gaps and duplicates,
+so `consumed_seq == input_cursor == n` means items 1..n each came once)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from libs import bus, names
+from libs.schemas.fence import MetaRequest, SessionMeta
+from tests.failover.conftest import crash, eventually
+from tests.fence.invariants import check_log, read_log
+
+
+async def checkpointed(stack, sid: str, cursor: int):
+    meta = await bus.request(stack.nc, names.FENCE_META, MetaRequest(session_id=sid), SessionMeta)
+    return meta.checkpoint_cursor >= cursor
+
+
+async def test_sigkilled_owner_is_reclaimed_at_a_higher_version_and_its_restart_resurrects_nothing(stack):
+    await stack.start()
+    await stack.engines_up("e0", "e1", "e2")
+    sids = ["k0", "k1"]
+    for sid in sids:
+        assert (await stack.create(sid)).host_id == "e0"  # first fit
+        await stack.send(sid, 1, 5)
+    for sid in sids:
+        await eventually(lambda sid=sid: stack.consumed(sid, 5))
+        await eventually(lambda sid=sid: checkpointed(stack, sid, 5))
+    old = stack.placements[0].liveness.entry("e0").incarnation
+    stack.engines["e0"].kill()
+    stack.engines["e0"].start()  # the supervisor's restart: same host id, a new incarnation
+    for sid in sids:
+        await stack.send(sid, 6, 8)  # accepted while the owner is dead: kept, and served after failover
+    for sid in sids:
+        view = await eventually(lambda sid=sid: stack.claimed_by(sid, min_version=2), 20)
+        assert view.owner.server_id in ("e1", "e2") and view.owner.version == 2 and view.incarnation != old
+        await eventually(lambda sid=sid: stack.consumed(sid, 8))
+        check_log(await read_log(stack.js, sid))
+    await eventually(lambda: stack.answers("e0"), 60)
+    await asyncio.sleep(1.0)
+    for sid in sids:  # the restarted process took nothing of its predecessor's, and nothing was reassigned since
+        assert (await stack.owner(sid)).owner.version == 2
+        assert await stack.info("e0", sid) is None
+
+
+async def test_a_partitioned_old_owner_applies_nothing_after_the_replacement_claims(stack):
+    await stack.start()
+    await stack.engines_up("e0", "e1")
+    await stack.create("p0")
+    await stack.send("p0", 1, 4)
+    await eventually(lambda: stack.consumed("p0", 4))
+    await eventually(lambda: checkpointed(stack, "p0", 4))
+    stack.engines["e0"].signal(signal.SIGSTOP)
+    await stack.send("p0", 5, 7)  # released to the stopped owner: they wait in its consumer
+    await eventually(lambda: stack.claimed_by("p0", "e1", min_version=2), 20)
+    stack.engines["e0"].signal(signal.SIGCONT)
+    await eventually(lambda: stack.consumed("p0", 7))
+    await asyncio.sleep(1.5)  # time for the resumed process to read what waited for it
+    stale = await stack.info("e0", "p0")
+    assert stale is None or stale.consumed_seq == 4  # closed, or still at what it had before the stop
+    check_log(await read_log(stack.js, "p0"))
+
+
+async def test_killing_a_placement_instance_mid_failover_loses_nothing(stack):
+    await stack.start()
+    await stack.engines_up("e0", "e1", "e2")
+    sids = [f"m{i}" for i in range(4)]
+    for sid in sids:
+        await stack.create(sid)
+        await stack.send(sid, 1, 2)
+    for sid in sids:
+        await eventually(lambda sid=sid: stack.consumed(sid, 2))
+    stack.engines["e0"].kill()
+
+    async def first_reassigned():
+        return any([await stack.claimed_by(sid, min_version=2) for sid in sids]) or any(
+            [(await stack.owner(sid)) is None for sid in sids])
+
+    await eventually(first_reassigned, 20, every_s=0.01)
+    await crash(stack.placements[0])  # while it works through the dead host's sessions
+    for sid in sids:
+        view = await eventually(lambda sid=sid: stack.claimed_by(sid, min_version=2), 20)
+        assert view.owner.version == 2  # exactly one reassign landed
+        await eventually(lambda sid=sid: stack.consumed(sid, 2))
+        check_log(await read_log(stack.js, sid))

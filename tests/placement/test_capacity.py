@@ -1,0 +1,120 @@
+"""Capacity reservations (services/placement/capacity.py): first fit, most room, and concurrent placers that
+only ever write by compare-and-set on a host record's revision never over-commit a host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from libs.contracts import Guard
+from libs.schemas.placement import HostRecord
+from services.placement import capacity
+from tests.admission.fleet import GIB, c1, host, rows
+
+GUARD = Guard(max_sessions=8)
+SETTLE = 5.0
+
+
+def first(ests):
+    return next((e for e in ests if e.fits), None)
+
+
+def test_first_fit_in_host_id_order_lists_every_reason():
+    hosts = [host("h2"), host("h0", busy=0.85), host("h1")]
+    ests = capacity.in_order(c1(), "world", hosts, {}, GUARD, SETTLE)
+    assert [(e.host_id, e.reason) for e in ests] == [("h0", "busy"), ("h1", ""), ("h2", "")]
+    assert first(ests).host_id == "h1" and first(ests).busy_fraction == pytest.approx(0.1)
+
+
+def test_reservations_fill_a_host_before_the_next_and_settle_once_heartbeats_show_them():
+    hosts, records = [host("h0", busy=0.6, at=1000.0), host("h1", at=1000.0)], {}
+    chosen = []
+    for i in range(5):
+        est = first(capacity.in_order(c1(), "world", hosts, records, GUARD, SETTLE))
+        records[est.host_id] = capacity.reserve(records.get(est.host_id) or HostRecord(host_id=est.host_id),
+                                                f"s{i}", est, "inc", 1000.0)
+        chosen.append(est.host_id)
+    assert chosen == ["h0", "h0", "h0", "h1", "h1"]  # 0.6 + 3 × 0.1 = 0.9 fills h0
+    # h0's own heartbeat, taken after the settle time, shows its three sessions: no double count.
+    settled = host("h0", busy=0.9, at=1000.0 + SETTLE)
+    assert capacity.pending(records["h0"], settled, SETTLE) == []
+    assert capacity.fit(c1(), "world", settled, records["h0"], GUARD, SETTLE).reason == "busy"
+
+
+def test_a_draining_host_takes_nothing_and_most_room_spreads():
+    hosts = [host("h0"), host("h1", busy=0.5), host("h2", busy=0.2)]
+    records = {"h0": HostRecord(host_id="h0", state="draining")}
+    best, ests = capacity.most_room(c1(), "world", hosts, records, GUARD, SETTLE)
+    assert best.host_id == "h2" and ests[0].reason == "draining"
+    best, _ = capacity.most_room(c1(), "world", hosts, records, GUARD, SETTLE, exclude=["h2"])
+    assert best.host_id == "h1"
+
+
+def test_no_fit_names_each_host_reason():
+    hosts = [host("h0", busy=0.85), host("h1", free=3 * GIB), host("h2", profile=rows(backend="avatar"))]
+    ests = capacity.in_order(c1(), "world", hosts, {}, GUARD, SETTLE)
+    assert [e.reason for e in ests] == ["busy", "memory", "no_profile"]
+
+
+def test_a_death_releases_only_the_dead_process_reservations():
+    est = capacity.fit(c1(), "world", host("h0"), None, GUARD, SETTLE)
+    record = HostRecord(host_id="h0", incarnation="old")
+    record = capacity.reserve(record, "a", est, "old", 1.0)
+    record = capacity.reserve(record, "b", est, "new", 2.0)
+    after = capacity.after_death(record, "old", "new")
+    assert set(after.sessions) == {"b"} and after.incarnation == "new"
+    assert capacity.reserved_on({"h0": after}, "b") == "h0" and capacity.reserved_on({"h0": after}, "a") is None
+
+
+# ---------------------------------------------------------------- concurrent placers over a CAS store
+
+
+@dataclass
+class Store:
+    """A KV bucket's semantics for one key: a write lands only if the revision it read is still current."""
+
+    record: HostRecord = field(default_factory=lambda: HostRecord(host_id="h0"))
+    revision: int = 1
+
+    def cas(self, record: HostRecord, read_revision: int) -> bool:
+        if read_revision != self.revision:
+            return False
+        self.record, self.revision = record, self.revision + 1
+        return True
+
+
+@given(periods=st.lists(st.sampled_from([50.0, 100.0, 200.0, 400.0]), min_size=2, max_size=16),
+       steps=st.lists(st.integers(0, 63), max_size=120), busy=st.floats(0.0, 0.8))
+def test_concurrent_placers_never_over_commit(periods, steps, busy):
+    """Placers read, decide and CAS in any interleaving: whatever lands keeps the host within its guard."""
+    h = host("h0", busy=busy, at=1000.0)
+    store = Store()
+    todo = [(f"s{i}", c1(period_ms=p)) for i, p in enumerate(periods)]
+    reads: dict[str, tuple[HostRecord, int]] = {}
+    placed: dict[str, float] = {}  # what each placer believes it reserved (and would assign there)
+    script = iter(steps)
+    while todo:
+        step = next(script, 0)  # once the script ends, the first placer reads and acts until done
+        sid, contract = todo[step % len(todo)]
+        if sid not in reads or step & 32:  # (re)read now, or act on the older read it holds
+            reads[sid] = (store.record, store.revision)
+            continue
+        record, revision = reads.pop(sid)
+        est = capacity.fit(contract, "world", h, record, GUARD, SETTLE)
+        if not est.fits:
+            todo.remove((sid, contract))
+        elif store.cas(capacity.reserve(record, sid, est, "inc", 1000.0), revision):
+            placed[sid] = est.busy_fraction
+            todo.remove((sid, contract))
+    assert busy + sum(placed.values()) <= 1.0 - GUARD.busy_fraction + 1e-9
+    assert len(placed) <= GUARD.max_sessions
+    assert set(placed) == set(store.record.sessions)  # no reservation lost to a concurrent write
+    if any(capacity.fit(c, "world", h, None, GUARD, SETTLE).fits for _, c in todo_all(periods)):
+        assert store.record.sessions  # and a session that fits an empty record is never refused for nothing
+
+
+def todo_all(periods):
+    return [(f"s{i}", c1(period_ms=p)) for i, p in enumerate(periods)]
