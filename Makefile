@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint bench install clean
+.PHONY: up test lint bench install clean chromium
 
 install: $(STAMP)
 
@@ -19,8 +19,14 @@ $(STAMP): pyproject.toml
 up: $(STAMP)
 	$(VENV)/bin/statefleet up
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# tests/browser drive Debian's Chromium through Playwright: installed from the distribution when it is
+# missing and we are root (never a downloaded browser build); otherwise those tests say how to get it.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -42,6 +42,9 @@ class BaseConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     telemetry_exporter: Literal["none", "console", "otlp"] = "none"
     otlp_endpoint: str = ""
     heartbeat_s: PositiveFloat = 2.0
+    # Prometheus `/metrics` (libs/metrics_http.py): -1 off, 0 any free port; `statefleet up` gives each a port.
+    metrics_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = -1
+    metrics_host: str = "127.0.0.1"
 
 
 C = TypeVar("C", bound=BaseConfig)

@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from libs import bus, logs, names, telemetry
+from libs import bus, logs, metrics_http, names, telemetry
 from libs.config import BaseConfig
 from libs.schemas.base import encode
 from libs.schemas.common import Ping, Pong, ServiceEntry
@@ -44,6 +44,8 @@ class Service:
         self._services_kv: KeyValue
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
+        self._metrics = None
+        self.metrics_port = -1
 
     # -------------------------------------------------------------- hooks
 
@@ -78,6 +80,10 @@ class Service:
         self._services_kv = await bus.ensure_kv(self.js, names.SERVICES_BUCKET, ttl_s=ttl,
                                                 replicas=cfg.nats_replicas)
         await self.setup()
+        if cfg.metrics_port >= 0:
+            telemetry.setup(self.name, cfg.telemetry_exporter, cfg.otlp_endpoint, prometheus=True)
+            self._metrics, self.metrics_port = await metrics_http.start(cfg.metrics_host, cfg.metrics_port)
+            self.log.info("metrics_listening", host=cfg.metrics_host, port=self.metrics_port)
         # Ping last: an answer means every verb `setup` serves is subscribed (callers use it as readiness).
         await bus.serve(self.nc, self.ping_subject, Ping, self._on_ping, queue=self.ping_queue)
         await self._beat()
@@ -90,6 +96,8 @@ class Service:
             await asyncio.wait_for(self.teardown(), STOP_STEP_TIMEOUT_S)
         except TimeoutError:
             self.log.error("teardown_timed_out", timeout_s=STOP_STEP_TIMEOUT_S)
+        if self._metrics is not None:
+            await self._metrics.cleanup()
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -149,5 +157,6 @@ class Service:
 def run(service_type: type[Service], config: BaseConfig) -> None:
     """Run a service in the foreground until SIGINT/SIGTERM."""
     logs.setup(config.log_level, json=config.log_json)
-    telemetry.setup(service_type.name, config.telemetry_exporter, config.otlp_endpoint)
+    telemetry.setup(service_type.name, config.telemetry_exporter, config.otlp_endpoint,
+                    prometheus=config.metrics_port >= 0)
     asyncio.run(service_type(config).run_until_signalled())

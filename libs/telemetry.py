@@ -2,7 +2,9 @@
 
 By default nothing is exported (the API's no-op providers stay in place, so
 instruments cost almost nothing); `exporter = "console"` or `"otlp"` in a
-service's config turns export on.
+service's config turns export on, and `prometheus=True` (a service with a
+`metrics_port`) makes the `sf_*` metrics readable at `/metrics` through
+OpenTelemetry's Prometheus exporter (see libs/metrics_http.py).
 """
 
 from __future__ import annotations
@@ -16,17 +18,34 @@ Exporter = Literal["none", "console", "otlp"]
 _configured = False
 
 
-def setup(service_name: str, exporter: Exporter = "none", otlp_endpoint: str = "") -> None:
+def setup(service_name: str, exporter: Exporter = "none", otlp_endpoint: str = "", *,
+          prometheus: bool = False) -> None:
+    """Once per process: the first call that asks for any export decides (providers cannot be replaced)."""
     global _configured
-    if _configured or exporter == "none":
+    if _configured or (exporter == "none" and not prometheus):
         return
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
+
+    resource = Resource.create({"service.name": f"statefleet-{service_name}"})
+    readers: list[MetricReader] = []
+    if prometheus:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        readers.append(PrometheusMetricReader())  # registers with prometheus_client's default registry
+    if exporter != "none":
+        readers.append(PeriodicExportingMetricReader(_exporters(exporter, otlp_endpoint, resource),
+                                                     export_interval_millis=15_000))
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+    _configured = True
+
+
+def _exporters(exporter: Exporter, otlp_endpoint: str, resource):
+    """Set up span export and return the metric exporter, for "console" or "otlp"."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    resource = Resource.create({"service.name": f"statefleet-{service_name}"})
     if exporter == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
@@ -42,9 +61,7 @@ def setup(service_name: str, exporter: Exporter = "none", otlp_endpoint: str = "
     tracer_provider = TracerProvider(resource=resource)
     tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
     trace.set_tracer_provider(tracer_provider)
-    reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=15_000)
-    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
-    _configured = True
+    return metric_exporter
 
 
 def tracer(name: str = "statefleet") -> trace.Tracer:

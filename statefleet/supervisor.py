@@ -12,6 +12,7 @@ per-service users (`libs/bus_auth.py`); the services ride out the gap.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,6 +27,9 @@ from libs.procs import die_with_parent
 
 # Fixed HTTP ports for the two HTTP front doors (override with SF_*_HTTP_PORT in the environment).
 HTTP_PORTS = {"admission": 8700, "fence": 8701}
+# Prometheus /metrics of each process: services at base + their index, engine host i at base + 10 + i
+# (base 9700; SF_METRICS_BASE_PORT overrides it, 0 gives every process a free port of its own).
+METRICS_BASE_PORT = 9700
 RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 10.0
@@ -79,6 +83,7 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._request_stop)
         signal.signal(signal.SIGTERM, self._request_stop)
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.admin_token_path = self._admin_token()
         try:
             self._start_nats()
             self._start_children()
@@ -114,22 +119,35 @@ class Supervisor:
         cred = self.credentials[bus_auth.user_for(service, host_id)]
         return {"SF_NATS_USER": cred.user, "SF_NATS_PASSWORD": cred.password}
 
+    def _admin_token(self) -> Path:
+        """The operator's admin token (dashboard actions, /v1/admin/*): made once, kept mode 0600, never printed."""
+        path = self.data_dir / "admin.token"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_text(secrets.token_urlsafe(32) + "\n")
+        return path
+
     def _start_children(self) -> None:
         base = {"SF_NATS_URL": self.nats_url, "SF_LOG_JSON": "true"}
-        for name in names.SERVICES:
-            if name == "engine_host":
-                continue
-            env = {**base, **self._auth_env(name), "SF_INSTANCE_ID": f"{name}-0"}
+        page = f"http://127.0.0.1:{self._http_port('admission')}"
+        metrics = int(os.environ.get("SF_METRICS_BASE_PORT", METRICS_BASE_PORT))
+        for i, name in enumerate(n for n in names.SERVICES if n != "engine_host"):
+            env = {**base, **self._auth_env(name), "SF_INSTANCE_ID": f"{name}-0",
+                   "SF_METRICS_PORT": str(metrics and metrics + i)}
             if name in HTTP_PORTS:
                 env["SF_HTTP_PORT"] = self._http_port(name)
             if name == "admission":  # clients are told where fence's ingress is
                 env["SF_INGRESS_URL"] = f"http://127.0.0.1:{self._http_port('fence')}"
+                env["SF_ADMIN_TOKEN"] = self.admin_token_path.read_text().strip()
+            if name == "fence":  # the pages admission serves may open session sockets
+                env["SF_ALLOWED_ORIGINS"] = f"{page},{page.replace('127.0.0.1', 'localhost')}"
             self.children.append(Child(name, env, self.data_dir / "logs" / f"{name}.log"))
         for i, host_id in enumerate(self.host_ids):
             device = f"cuda:{i}" if self.device == "cuda" else self.device
             env = {**base, **self._auth_env("engine_host", host_id),
                    "SF_HOST_ID": host_id, "SF_INSTANCE_ID": host_id, "SF_DEVICE": device,
-                   "SF_CHECKPOINT_DIR": str(self.data_dir / "checkpoints")}
+                   "SF_CHECKPOINT_DIR": str(self.data_dir / "checkpoints"),
+                   "SF_METRICS_PORT": str(metrics and metrics + 10 + i)}
             self.children.append(Child(f"engine-{i}", env, self.data_dir / "logs" / f"engine-{i}.log"))
         for child in self.children:
             child.start()
@@ -147,6 +165,12 @@ class Supervisor:
             where = c.env.get("SF_DEVICE") or (f"http://127.0.0.1:{c.env['SF_HTTP_PORT']}"
                                                if "SF_HTTP_PORT" in c.env else "bus only")
             print(f"{c.name:<12} {c.proc.pid:>7}  {where:<28} {c.log_path}")
+        page = f"http://127.0.0.1:{self._http_port('admission')}"
+        print(f"session page     {page}/session")
+        print(f"fleet dashboard  {page}/dashboard  (admin token in {self.admin_token_path})")
+        ports = sorted(int(c.env["SF_METRICS_PORT"]) for c in self.children)
+        where = f"ports {ports[0]}..{ports[-1]}" if ports[-1] else "a free port each (see the logs)"
+        print(f"metrics          http://127.0.0.1:PORT/metrics on {where} (Prometheus)")
         print("`statefleet status` shows the fleet; Ctrl-C stops everything.", flush=True)
 
     def _watch(self) -> int:

@@ -58,12 +58,13 @@ def _children_of(pid: int) -> list[int]:
 
 
 def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
-    env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(free_port()), "SF_FENCE_HTTP_PORT": str(free_port())}
+    env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(free_port()), "SF_FENCE_HTTP_PORT": str(free_port()),
+           "SF_METRICS_BASE_PORT": "0"}
     up = subprocess.Popen([sys.executable, "-m", "statefleet", "up", "--data-dir", str(tmp_path / "var")],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         url_file = tmp_path / "var" / "nats.url"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # engine hosts import torch and profile: slow on a loaded 2-core machine
         state = {}
         while time.monotonic() < deadline:
             if url_file.exists():
@@ -97,6 +98,8 @@ def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
         out, _ = up.communicate(timeout=40)
         assert up.returncode == 0, out
         assert "statefleet stopped" in out
+        assert f"session page     http://127.0.0.1:{env['SF_ADMISSION_HTTP_PORT']}/session" in out
+        assert "admin.token" in out and (tmp_path / "var" / "admin.token").read_text().strip() not in out
         time.sleep(0.5)
         assert _pids_alive(tree) == []
     finally:
@@ -144,7 +147,8 @@ def _session_round_trip(env: dict, nats_url: str, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_killed_supervisor_takes_its_children_with_it(tmp_path):
-    env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(free_port()), "SF_FENCE_HTTP_PORT": str(free_port())}
+    env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(free_port()), "SF_FENCE_HTTP_PORT": str(free_port()),
+           "SF_METRICS_BASE_PORT": "0"}
     up = subprocess.Popen([sys.executable, "-m", "statefleet", "up", "--data-dir", str(tmp_path / "var")],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 30

@@ -123,7 +123,10 @@ class HostStatus(Msg):
 
 class OutputChunk(Msg):
     """One piece of a block's output on `sf.output.<session_id>`; a tensor is cut into parts so
-    every message stays under the NATS payload limit. Reassemble by (block, kind, part/parts)."""
+    every message stays under the NATS payload limit. Reassemble by (block, kind, part/parts).
+
+    `encoding` "raw": the parts are consecutive slices of the tensor's bytes; "png": part i is
+    frame i of the uint8 [F, 3, H, W] tensor as one PNG (browsers decode it natively)."""
 
     session_id: str
     block: int
@@ -134,6 +137,9 @@ class OutputChunk(Msg):
     parts: int
     data: bytes
     replayed: bool = False  # regenerated after a failover: a client that showed this block drops it
+    encoding: Literal["raw", "png"] = "raw"
+    media_s: float = 0.0  # seconds of media the block carries (frames are shown at shape[0] / media_s fps)
+    input_seq: int = 0  # the last input seq this block consumed (0: none yet): control-to-output latency
 
 
 class SessionDescriptor(Msg):

@@ -54,11 +54,14 @@ from libs.schemas.admission import (
 from libs.schemas.base import decode, encode
 from libs.schemas.common import EngineEntry
 from libs.schemas.fence import CloseReply, CloseRequest, RegisterReply, RegisterRequest
+from libs.schemas.motion import MoveReceipt, MoveRequest
 from libs.schemas.placement import Placement, PlaceRequest
 from libs.service import Service
 from libs.telemetry import counter, histogram, traced
 from services.admission import http
+from services.admission.console import add_console
 from services.admission.core import AdmissionCore, Candidate, Policy
+from services.admission.fleet_feed import FleetFeed
 
 _verdicts = counter("sf_admission_verdicts_total", "Admission verdicts by outcome and reason")
 _queue_wait = histogram("sf_admission_queue_wait", "Created to placed, for sessions that waited", unit="s")
@@ -101,7 +104,11 @@ class AdmissionService(Service):
         await self._recover()
         self.spawn(self.hosts.follow(self._wake.set, cfg.engine_watch_silence_s), "watch_engines")
         self.spawn(self._drain_loop(), "drain")
-        self._runner = web.AppRunner(http.make_app(self, cfg.admin_token), access_log=None)
+        self.feed = FleetFeed(self.nc, self.js, queue=self.queue_view, heartbeat_s=cfg.heartbeat_s)
+        await self.feed.start(self.spawn)
+        app = http.make_app(self, cfg.admin_token)
+        add_console(app, feed=self.feed, admin_token=cfg.admin_token, move=self.move, ingress_url=cfg.ingress_url)
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)
         await site.start()
@@ -109,6 +116,7 @@ class AdmissionService(Service):
         self.log.info("http_listening", host=cfg.http_host, port=self.http_port)
 
     async def teardown(self) -> None:
+        self.feed.stop()
         await self._runner.cleanup()
 
     # ------------------------------------------------------------ the session API (called by http)
@@ -192,6 +200,14 @@ class AdmissionService(Service):
                          entries=[QueueEntry(session_id=w.candidate.session_id, position=i,
                                              enqueued_at=w.enqueued_at, deadline=w.deadline)
                                   for i, w in enumerate(self.core.waiting(), 1)])
+
+    async def move(self, session_id: str, dest: str, deadline_s: float) -> MoveReceipt:
+        """An operator's move (the dashboard's): from the session's owner to `dest`, through the mover."""
+        owner = (await read_owner(self.js, session_id)).view.owner
+        if owner is None:
+            raise NotFound(f"session {session_id} has no owner to move from", session_id=session_id)
+        req = MoveRequest(session_id=session_id, source=owner.server_id, dest=dest, deadline_s=deadline_s)
+        return await bus.request(self.nc, names.MOVER_MOVE, req, MoveReceipt, timeout_s=deadline_s + 30)
 
     def fleet_view(self) -> FleetView:
         hosts = []

@@ -31,7 +31,7 @@ _blocks = counter("sf_engine_journal_blocks_total", "Blocks recorded in the bloc
 MAX_GROUP = 256  # blocks per journal entry (about 7 bytes each)
 RETRY_S = 0.05
 
-PublishBlock = Callable[[int, Output, bool], Awaitable[None]]
+PublishBlock = Callable[[int, Output, bool, int], Awaitable[None]]  # block, output, replayed, last input seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,7 @@ class OutputJournal:
                     break
                 for b in batch:
                     if b.output is not None:
-                        await self.publish(b.consumed.block, b.output, b.replayed)
+                        await self.publish(b.consumed.block, b.output, b.replayed, b.consumed.last_seq)
             if self.fenced.is_set():
                 self._queue.clear()
             if not self._queue:

@@ -203,7 +203,7 @@ class EngineRuntime:
         s = self.sessions.get(sid)
         if s.journal is not None:
             raise Conflict(f"session {sid} already has a journal", session_id=sid)
-        s.journal = OutputJournal(writer, functools.partial(self.sink.publish_block, sid))
+        s.journal = OutputJournal(writer, functools.partial(self.sink.publish_block, s))
         return s.journal
 
     async def replay_block(self, sid: str, block: ConsumedBlock) -> None:

@@ -5,6 +5,7 @@ fails its session instead."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import nats.errors
@@ -14,10 +15,10 @@ from libs import names
 from libs.schemas.base import encode
 from libs.schemas.fence import ConsumedBlock
 from libs.telemetry import counter
+from services.engine_host import output as wire
 from services.engine_host.backends import Output
 from services.engine_host.costs import CostModel
 from services.engine_host.journal import Finished
-from services.engine_host.output import chunks
 from services.engine_host.session import Session
 from services.engine_host.stages import BlockJob, BlockWork
 
@@ -64,17 +65,21 @@ class OutputSink:
             if s.journal.backlog >= MAX_JOURNAL_BACKLOG:
                 await s.journal.flushed()
         elif job.output is not None:
-            await self.publish_block(s.sid, s.blocks_done, job.output, False)
+            await self.publish_block(s, s.blocks_done, job.output, False, job.last_seq)
         s.block_finished(now)
 
-    async def publish_block(self, sid: str, block: int, output: Output, replayed: bool) -> None:
+    async def publish_block(self, s: Session, block: int, output: Output, replayed: bool, input_seq: int) -> None:
         """Output is a stream for a live viewer: a chunk the bus cannot take is dropped and counted,
         never allowed to stop the session (its state already advanced) or the sink."""
         if self.publish is None:
             return
+        # PNG encoding is host-side work, not the device's: it runs in a thread here, after the block's
+        # stages, so it neither holds the event loop nor counts in the quantum cost the scheduler learns.
+        encoded = await asyncio.to_thread(wire.encode, output)
         try:
-            for chunk in chunks(sid, block, output, replayed=replayed):
-                await self.publish(names.output_subject(sid), encode(chunk))
+            for chunk in wire.chunks(s.sid, block, encoded, media_s=s.backend.media_s_per_block,
+                                     input_seq=input_seq, replayed=replayed):
+                await self.publish(names.output_subject(s.sid), encode(chunk))
         except nats.errors.Error as e:
             _output_dropped.add(1, {"reason": type(e).__name__})
-            log.warning("output_dropped", session_id=sid, block=block, error=type(e).__name__)
+            log.warning("output_dropped", session_id=s.sid, block=block, error=type(e).__name__)

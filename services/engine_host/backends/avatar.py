@@ -5,7 +5,10 @@ speaker embedding (which drifts with what was said); denoise refines motion and
 audio latents for one chunk of frames attending to the conditioning and to the
 prosody cache of earlier chunks, then writes its own summary into that cache;
 decode renders video frames and an audio waveform whose oscillator phase
-carries across chunks so the audio has no seam.
+carries across chunks so the audio has no seam. A frame is a face drawn over a
+texture the model paints on a coarse grid (upsampled to the frame size): the
+face's tint follows the chunk's motion latent and its mouth opens with each
+frame's loudness, so what a viewer sees moves with what they hear.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ class AvatarConfig(msgspec.Struct, frozen=True, kw_only=True):
     prosody_len: int = 16
     frames: int = 10  # video frames per chunk
     fps: float = 25.0
-    image: int = 32  # square frames, image×image
+    image: int = 256  # square frames, image×image
+    grid: int = 16  # the model paints grid×grid texels, upsampled to image×image
     sample_rate: int = 16000
     text_max_bytes: int = 256  # per chunk, all the text released to it together
     tiers: tuple[int, ...] = (1, 2, 4, 8)
@@ -47,12 +51,13 @@ class AvatarBackend:
         self.tiers = tuple(sorted(c.tiers))
         self.media_s_per_block = c.frames / c.fps
         g = torch.Generator().manual_seed(WEIGHT_SEED + 1)
-        D, dev, half = c.d_model, self.device, c.image // 2
+        D, dev = c.d_model, self.device
         self.byte_emb = weights((256, D), g, dev, scale=1.0)
         self.cond_q = weights((c.cond_tokens, D), g, dev, scale=1.0)
         self.w = {name: weights(shape, g, dev) for name, shape in
                   (("q", (D, D)), ("k", (D, D)), ("v", (D, D)), ("w1", (D, 2 * D)), ("w2", (2 * D, D)),
-                   ("video", (D, 3 * half * half)), ("audio", (D, 2)))}
+                   ("video", (D, 3 * c.grid * c.grid)), ("audio", (D, 2)), ("tint", (D, 3)))}
+        self.face = _FaceGeometry(c.image, dev)
 
     def config_bytes(self) -> bytes:
         return msgspec.msgpack.encode(self.config)
@@ -123,11 +128,9 @@ class AvatarBackend:
     def decode(self, state: dict, carry: torch.Tensor) -> Output:
         """Owns `phase`."""
         c = self.config
-        half = c.image // 2
-        img = torch.sigmoid(carry @ self.w["video"]).reshape(c.frames, 3, half, half)
-        frames = (img.repeat_interleave(2, 2).repeat_interleave(2, 3) * 255).round().to(torch.uint8)
         ctrl = (carry @ self.w["audio"]).double().cpu()  # [F, 2]: loudness, pitch
         amp = torch.sigmoid(ctrl[:, 0]) * 0.5
+        frames = self._render(carry, amp.float().to(self.device))
         freq = 120.0 + 80.0 * torch.tanh(ctrl[:, 1])
         spf = round(c.sample_rate / c.fps)
         step = (2 * math.pi * freq / c.sample_rate).repeat_interleave(spf)
@@ -135,3 +138,50 @@ class AvatarBackend:
         audio = (amp.repeat_interleave(spf) * torch.sin(phase) * 32767).round().to(torch.int16)
         state["phase"] = float(phase[-1].item() % (2 * math.pi))
         return Output(frames=frames.cpu(), audio=audio)
+
+    def _render(self, carry: torch.Tensor, amp: torch.Tensor) -> torch.Tensor:
+        """uint8 [F, 3, image, image]: a face over the chunk's painted texture, the mouth drawn per frame.
+        Everything but the mouth is the same for the chunk's frames, so it is drawn once (real time on a
+        small CPU at 256×256) and only the mouth's box is drawn per frame."""
+        c, geo = self.config, self.face
+        pooled = carry.mean(0)
+        texels = torch.sigmoid(3.0 * (pooled @ self.w["video"])).reshape(1, 3, c.grid, c.grid)  # the mean is calm: lift it
+        texture = F.interpolate(texels, size=(c.image, c.image), mode="bilinear", align_corners=False)
+        skin = torch.tensor([0.98, 0.8, 0.64], device=carry.device)
+        tint = (skin * (0.7 + 0.6 * torch.sigmoid(pooled @ self.w["tint"]))).view(1, 3, 1, 1)
+        face = torch.lerp(0.25 + 0.5 * texture, tint * geo.shade + 0.12 * texture, geo.face) * (1 - geo.eyes)
+        frames = _to_uint8(face).expand(c.frames, -1, -1, -1).clone()
+        ys, xs = geo.mouth_box
+        lips = torch.tensor([0.45, 0.05, 0.08], device=carry.device).view(1, 3, 1, 1)
+        frames[:, :, ys, xs] = _to_uint8(torch.lerp(face[:, :, ys, xs], lips, geo.mouth(amp)))
+        return frames
+
+
+def _to_uint8(img: torch.Tensor) -> torch.Tensor:
+    return (img.clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+class _FaceGeometry:
+    """Soft masks of a face over an S×S frame, precomputed once (coordinates in [0, 1])."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.size = size
+        axis = (torch.arange(size, dtype=torch.float32, device=device) + 0.5) / size
+        self.y, self.x = axis.view(-1, 1), axis.view(1, -1)
+        self.face = self._disc(0.5, 0.52, 0.36, 0.36)
+        self.shade = 1.0 - 0.35 * ((self.x - 0.42) ** 2 + (self.y - 0.4) ** 2).sqrt()  # light from top left
+        self.eyes = torch.maximum(self._disc(0.37, 0.42, 0.045, 0.055), self._disc(0.63, 0.42, 0.045, 0.055))
+        # the widest mouth (amp 0.5) spans x 0.5 ± 0.13, y 0.7 ± 0.092: its box, a little larger
+        self.mouth_box = (slice(int(0.59 * size), int(0.81 * size) + 1), slice(int(0.35 * size), int(0.65 * size) + 1))
+
+    def _disc(self, cx: float, cy: float, rx: float, ry: float) -> torch.Tensor:
+        """1 inside the ellipse, 0 outside, with a soft edge about a pixel and a half wide."""
+        d = (((self.x - cx) / rx) ** 2 + ((self.y - cy) / ry) ** 2).sqrt()
+        return ((1 - d) * self.size * min(rx, ry) / 1.5).clamp(0, 1)
+
+    def mouth(self, amp: torch.Tensor) -> torch.Tensor:
+        """[F, 1, h, w] over `mouth_box`: one mouth per frame, open in proportion to its loudness `amp` in [0, 0.5]."""
+        ys, xs = self.mouth_box
+        ry = (0.012 + 0.16 * amp).view(-1, 1, 1, 1)
+        d = (((self.x[:, xs] - 0.5) / 0.13) ** 2 + ((self.y[ys] - 0.7) / ry) ** 2).sqrt()
+        return ((1 - d) * self.size * 0.012).clamp(0, 1)

@@ -4,8 +4,9 @@ Each block denoises T new latent tokens (one frame) attending to a sliding windo
 of W = 4T/3 cached tokens, then writes the new tokens' keys and values into the
 ring cache in place: three quarters of the cache change every block, as in the
 window-rewrite world models statefleet is built for. Latents decode to a small
-RGB frame. The cache is `layers·2·W·d_model·4` bytes: from a few MB (defaults)
-to several GB (`WorldConfig.for_state_bytes(4 << 30)`).
+RGB frame, upscaled to a size a person can see. The cache is
+`layers·2·W·d_model·4` bytes: from a few MB (defaults) to several GB
+(`WorldConfig.for_state_bytes(4 << 30)`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True):
     grid_h: int = 6  # tokens per block T = grid_h * grid_w (must be divisible by 3)
     grid_w: int = 8
     patch: int = 4  # each token decodes to a patch×patch RGB patch
+    upscale: int = 8  # frames are shown `upscale` times larger (each pixel a block): 192×256 by default
     tiers: tuple[int, ...] = (1, 2, 4)
     fps: float = 15.0  # one frame per block
 
@@ -208,5 +210,7 @@ class WorldBackend:
         c = self.config
         px = torch.sigmoid(carry @ self.decoder)  # [T, 3·p·p]
         img = px.reshape(c.grid_h, c.grid_w, 3, c.patch, c.patch).permute(2, 0, 3, 1, 4)
-        img = img.reshape(3, c.grid_h * c.patch, c.grid_w * c.patch)
-        return Output(frames=(img * 255).round().to(torch.uint8).unsqueeze(0).cpu())
+        img = img.reshape(1, 3, c.grid_h * c.patch, c.grid_w * c.patch)
+        if c.upscale > 1:
+            img = F.interpolate(img, scale_factor=c.upscale, mode="nearest")
+        return Output(frames=(img * 255).round().clamp(0, 255).to(torch.uint8).cpu())
