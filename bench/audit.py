@@ -7,8 +7,9 @@
   (folded with `libs.fence.core`), plus output chunks published unmarked twice (two owners
   producing one block).
 - **recovery**: from the fault until every session has both a new acknowledgement and a new
-  output block; a session is **affected** when its output paused longer than two periods across
-  the fault or blocks published meanwhile never reached the client.
+  output block; a session is **affected** when across the fault its input went unacknowledged for
+  over a second, its output paused longer than two periods, or blocks published meanwhile never
+  reached the client.
 """
 
 from __future__ import annotations
@@ -137,9 +138,17 @@ def recovery_s(clients: list[SessionClient], fault_at: float) -> float:
     return worst
 
 
+INPUT_STALL_S = 1.0
+
+
 def stalled(c: SessionClient, fault_at: float) -> bool:
-    """Across the fault the session's live output paused for more than two periods, or blocks
-    never reached the client (output is core NATS: what is published during an outage is gone)."""
+    """Across the fault the session's input went unacknowledged for over a second, its live output
+    paused for more than two periods, or blocks never reached the client (output is core NATS:
+    what is published during an outage is gone)."""
+    acked_before = [t for t in c.ack_times if t <= fault_at]
+    acked_after = next((t for t in c.ack_times if t > fault_at), None)
+    if acked_before and acked_after is not None and acked_after - acked_before[-1] > INPUT_STALL_S:
+        return True
     before = [a for a in c.live_blocks() if a.at <= fault_at]
     new = _first_new_block(c, fault_at)
     if new is None or not before:

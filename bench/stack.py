@@ -33,7 +33,7 @@ def children_of(pid: int) -> dict[int, list[str]]:
             stat = (entry / "stat").read_text()
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             if ppid == pid:
-                out[int(entry.name)] = (entry / "cmdline").read_bytes().decode().split("\0")
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().decode().rstrip("\0").split("\0")
         except (OSError, ValueError, IndexError):
             continue  # exited while we looked
     return out
@@ -66,8 +66,9 @@ class UpStack:
                 "--engines", str(self.engines)]
         if self.nats_url:
             args += ["--nats-url", self.nats_url]
+        # Every port its own (free) one, so stacks can run side by side.
         env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(self.admission_port),
-               "SF_FENCE_HTTP_PORT": str(self.fence_port), **self.env}
+               "SF_FENCE_HTTP_PORT": str(self.fence_port), "SF_METRICS_BASE_PORT": "0", **self.env}
         self._out = open(self.data_dir / "up.out", "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(args, stdout=self._out, stderr=subprocess.STDOUT, text=True, env=env)
         return self
