@@ -98,32 +98,33 @@ async def _owner_info(nc, sid: str) -> tuple[str, SessionInfo | None]:
 
 
 async def audit(nc, clients: list[SessionClient], timeout_s: float = 60.0) -> list[SessionAudit]:
-    """After input stopped: wait (bounded) until each session's claimed owner reflects every
-    acknowledged item, then count what was lost, applied twice or authorized twice."""
+    """After input stopped: wait (bounded, all sessions at once) until each session's claimed owner
+    reflects every acknowledged item, then count what was lost, applied twice or authorized twice."""
+    return list(await asyncio.gather(*(_audit_one(nc, c, timeout_s) for c in clients)))
+
+
+async def _audit_one(nc, c: SessionClient, timeout_s: float) -> SessionAudit:
     js = nc.jetstream()
-    out = []
-    for c in clients:
-        last = max(c.acked, default=0)
-        owner, info = "", None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                owner, info = await _owner_info(nc, c.sid)
-                if info is not None and info.consumed_seq >= last:
-                    break
-            await asyncio.sleep(0.2)
-        consumed = info.consumed_seq if info is not None else 0
-        _, tail = await block_journal.read_tail(js, c.sid)
-        entries = [e for _, e in await block_journal.read_all(js, c.sid, tail)]
-        distinct = len(set(c.acked))
-        out.append(SessionAudit(
-            session_id=c.sid, owner=owner, acked=last, consumed_seq=consumed,
-            # anything acknowledged and not in the owner's state is lost
-            lost=max(0, last - consumed),
-            # acks must be 1..last, each once: a seq we never got back is an item stored a second time
-            applied_twice=journal_duplicates(entries) + (last - distinct) + max(0, consumed - last),
-            dual_authorizations=log_violations(await read_log(js, c.sid)) + c.live_chunks_twice))
-    return out
+    last = max(c.acked, default=0)
+    owner, info = "", None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            owner, info = await _owner_info(nc, c.sid)
+            if info is not None and info.consumed_seq >= last:
+                break
+        await asyncio.sleep(0.2)
+    consumed = info.consumed_seq if info is not None else 0
+    _, tail = await block_journal.read_tail(js, c.sid)
+    entries = [e for _, e in await block_journal.read_all(js, c.sid, tail)]
+    distinct = len(set(c.acked))
+    return SessionAudit(
+        session_id=c.sid, owner=owner, acked=last, consumed_seq=consumed,
+        # anything acknowledged and not in the owner's state is lost
+        lost=max(0, last - consumed),
+        # acks must be 1..last, each once: a seq we never got back is an item stored a second time
+        applied_twice=journal_duplicates(entries) + (last - distinct) + max(0, consumed - last),
+        dual_authorizations=log_violations(await read_log(js, c.sid)) + c.live_chunks_twice)
 
 
 def recovery_s(clients: list[SessionClient], fault_at: float) -> float:

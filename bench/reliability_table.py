@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- chaos-table:begin -->", "<!-- chaos-table:end -->"
 COLUMNS = ("drill", "faults injected", "sessions (affected)", "inputs acked", "inputs lost", "applied twice",
-           "dual authorizations", "recovery s (max)", "passed", "run")
+           "dual authorizations", "recovery s (per fault)", "passed", "run")
 
 
 def table(results: dict[str, dict]) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from libs import bus, names
 from libs.natsd import free_port
+from libs.procs import die_with_parent
 from libs.schemas.common import Ping, Pong
 
 
@@ -70,7 +71,8 @@ class UpStack:
         env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(self.admission_port),
                "SF_FENCE_HTTP_PORT": str(self.fence_port), "SF_METRICS_BASE_PORT": "0", **self.env}
         self._out = open(self.data_dir / "up.out", "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(args, stdout=self._out, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = subprocess.Popen(args, stdout=self._out, stderr=subprocess.STDOUT, text=True, env=env,
+                                     preexec_fn=die_with_parent)  # a killed harness leaves no stack behind
         return self
 
     def cli_url(self) -> str:
