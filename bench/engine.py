@@ -18,7 +18,7 @@ import msgspec
 import torch
 
 from bench.common import parser, table, write
-from libs.schemas.engine import OpenSession
+from libs.schemas.engine import OpenSession, SessionInit
 from services.engine_host.backends import WorldBackend, WorldConfig, advance
 from services.engine_host.pipeline import StagePipeline
 from services.engine_host.runtime import EngineRuntime
@@ -35,7 +35,7 @@ def _sync(device: torch.device) -> None:
 
 def bare_forward_ms(device: torch.device, blocks: int) -> float:
     backend = WorldBackend(WorldConfig(), device)
-    state = backend.init_state(1, "bench")
+    state = backend.init_state(1, SessionInit(prompt="bench"))
     for _ in range(5):
         advance(backend, state, [], TIER)
     _sync(device)

@@ -128,7 +128,7 @@ async def run_level(level: float, capacity: int | None, args, tmp: Path) -> dict
                                  Guard(max_sessions=args.slots_per_host))
         capacity = capacity or here
         offered = max(1, round(level * capacity))
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=stack.admin_headers()) as http:
             outcomes = await asyncio.gather(*(offer(nc, http, stack.admission_url, contract, i + 1)
                                               for i in range(offered)))
             clients = []

@@ -22,6 +22,7 @@ from libs import bus, names
 from libs.natsd import free_port
 from libs.procs import die_with_parent
 from libs.schemas.common import Ping, Pong
+from statefleet import admin_token
 
 
 def children_of(pid: int) -> dict[int, list[str]]:
@@ -74,6 +75,10 @@ class UpStack:
         self.proc = subprocess.Popen(args, stdout=self._out, stderr=subprocess.STDOUT, text=True, env=env,
                                      preexec_fn=die_with_parent)  # a killed harness leaves no stack behind
         return self
+
+    def admin_headers(self) -> dict[str, str]:
+        """The stack's admin credential (session creation needs one), as a request header."""
+        return {"Authorization": f"Bearer {admin_token.read(self.data_dir)}"}
 
     def cli_url(self) -> str:
         """The operator's NATS URL `up` wrote (with the `cli` user's credentials when it embeds NATS)."""

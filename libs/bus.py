@@ -136,6 +136,9 @@ class StreamSpec:
     max_age_s: float | None = None
     max_msgs_per_subject: int = -1
     replicas: int = 1
+    # A full stream refuses new messages (the writer gets a retryable error) rather than dropping old
+    # ones, which may be what a live session still needs (see docs/configuration.md, retention).
+    max_bytes: int = -1
 
 
 async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> api.StreamInfo:
@@ -146,6 +149,8 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> api.StreamInf
         storage=api.StorageType.FILE,
         max_age=spec.max_age_s,
         max_msgs_per_subject=spec.max_msgs_per_subject,
+        max_bytes=spec.max_bytes,
+        discard=api.DiscardPolicy.NEW if spec.max_bytes > 0 else api.DiscardPolicy.OLD,
         num_replicas=spec.replicas,
         allow_direct=True,
     )
@@ -158,11 +163,14 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> api.StreamInf
 
 
 async def ensure_kv(
-    js: JetStreamContext, bucket: str, *, ttl_s: float | None = None, history: int = 1, replicas: int = 1
+    js: JetStreamContext, bucket: str, *, ttl_s: float | None = None, history: int = 1, replicas: int = 1,
+    max_bytes: int = -1,
 ) -> KeyValue:
-    """Create the KV bucket, or open it if it exists (its settings are left as they are)."""
+    """Create the KV bucket, or open it if it exists (its settings are left as they are). A bucket
+    at `max_bytes` refuses new writes."""
     try:
-        return await js.create_key_value(bucket=bucket, ttl=ttl_s, history=history, replicas=replicas)
+        return await js.create_key_value(bucket=bucket, ttl=ttl_s, history=history, replicas=replicas,
+                                         max_bytes=max_bytes)
     except nats.js.errors.BadRequestError as e:
         if e.err_code != JS_STREAM_NAME_IN_USE:
             raise

@@ -52,6 +52,13 @@ class SchemaError(BadRequest):
     code = "schema"
 
 
+class UnsupportedInput(BadRequest):
+    """An input item of a kind (or shape) the session's backend does not take."""
+
+    code = "unsupported_input"
+    http_status = 422
+
+
 class UnsupportedVersion(SchemaError):
     code = "unsupported_version"
 

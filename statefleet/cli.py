@@ -1,4 +1,4 @@
-"""`statefleet` command line: up, serve, status, engines, admit-calc, session, nats-auth."""
+"""`statefleet` command line: up, serve, status, engines, backends, admit-calc, session, nats-auth."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from libs import config as configmod
 from libs.errors import BadRequest, StatefleetError
+from statefleet import json_out
 from statefleet.registry import SERVICES
 
 
@@ -52,9 +53,13 @@ def _engines(args: argparse.Namespace) -> int:
     return asyncio.run(print_engines(args.nats_url, host=args.host, as_json=args.json))
 
 
-def _admit_calc(args: argparse.Namespace) -> int:
-    import json
+def _backends(args: argparse.Namespace) -> int:
+    from statefleet.backends import print_backends
 
+    return asyncio.run(print_backends(args.nats_url, as_json=args.json))
+
+
+def _admit_calc(args: argparse.Namespace) -> int:
     from libs import admissibility as adm
 
     try:
@@ -63,7 +68,7 @@ def _admit_calc(args: argparse.Namespace) -> int:
                         setup_s=args.setup_ms / 1e3, codec_ratio=args.codec_ratio, codec_s=args.codec_ms / 1e3)
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    print(json.dumps(adm.evaluate(move).as_json()))
+    print(json_out.dumps(adm.evaluate(move).as_json(), indent=0))
     return 0
 
 
@@ -100,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     engines.add_argument("--host", default="", help="only this engine host")
     engines.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     engines.set_defaults(func=_engines)
+
+    backends = sub.add_parser("backends", help="the backends each engine host can serve (from its heartbeat)")
+    backends.add_argument("--nats-url", default="", help="default: $SF_NATS_URL, ./var/nats.url, then :4222")
+    backends.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    backends.set_defaults(func=_backends)
 
     calc = sub.add_parser("admit-calc", help="admissibility of one state move (Worldline §4), as JSON")
     calc.add_argument("--state-bytes", type=float, required=True, help="state size S in bytes")

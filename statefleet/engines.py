@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
-import msgspec
-
 from libs import bus, errors, names
 from libs.schemas.common import EngineEntry
 from libs.schemas.engine import HostStatus, StatusRequest
+from statefleet import json_out
 from statefleet.status import default_nats_url, read_bucket
 
 
@@ -35,7 +32,7 @@ async def host_statuses(nats_url: str, host: str = "", timeout_s: float = 3.0) -
 async def print_engines(nats_url: str, *, host: str = "", as_json: bool = False) -> int:
     statuses = await host_statuses(nats_url or default_nats_url(), host)
     if as_json:
-        print(json.dumps(msgspec.to_builtins(statuses), indent=2))
+        print(json_out.dumps(statuses))
         return 0
     for st in statuses:
         if isinstance(st, str):

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgspec
 
 from libs import bus, errors, names
 from libs.fence.ownership import read_owner
@@ -25,6 +24,7 @@ from libs.schemas.engine import OutputChunk
 from libs.schemas.fence import LogRecord
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from libs.session_classes import SESSION_CLASSES
+from statefleet import admin_token, json_out
 from statefleet.status import default_nats_url
 
 
@@ -64,7 +64,8 @@ async def create(args) -> int:
     if args.deadline_ms:
         contract["deadline_ms"] = args.deadline_ms
     body = {"contract": contract, "backend": args.backend, "seed": args.seed, "prompt": args.prompt}
-    status, created = await _http("POST", f"{args.admission_url.rstrip('/')}/v1/sessions", body=body)
+    status, created = await _http("POST", f"{args.admission_url.rstrip('/')}/v1/sessions", body=body,
+                                  token=admin_token.read(args.data_dir))
     _fail_on_problem(status, created)
     folder = _sessions_dir(args.data_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ async def create(args) -> int:
     path.write_text(json.dumps(created))
     shown = {k: created[k] for k in ("session_id", "state", "host_id", "input_url", "input_ws_url",
                                      "output_ws_url")}
-    print(json.dumps({**shown, "token_saved_to": str(path)}, indent=2))
+    print(json_out.dumps({**shown, "token_saved_to": str(path)}))
     return 0
 
 
@@ -87,12 +88,13 @@ async def send(args) -> int:
         data = args.data  # plain text is sent as a JSON string
     status, ack = await _http("POST", url, body={"kind": args.kind, "data": data}, token=token)
     _fail_on_problem(status, ack)
-    print(json.dumps(ack))
+    print(json_out.dumps(ack, indent=0))
     return 0
 
 
 async def delete(args) -> int:
-    status, body = await _http("DELETE", f"{args.admission_url.rstrip('/')}/v1/sessions/{args.session_id}")
+    status, body = await _http("DELETE", f"{args.admission_url.rstrip('/')}/v1/sessions/{args.session_id}",
+                               token=admin_token.read(args.data_dir))
     _fail_on_problem(status, body)
     (_sessions_dir(args.data_dir) / f"{args.session_id}.json").unlink(missing_ok=True)
     print(f"deleted {args.session_id}")
@@ -110,7 +112,7 @@ async def move(args) -> int:
         receipt = await bus.request(nc, names.MOVER_MOVE, req, MoveReceipt, timeout_s=args.deadline_s + 30)
     finally:
         await nc.close()
-    print(json.dumps(msgspec.to_builtins(receipt), indent=2))
+    print(json_out.dumps(receipt))
     return 0 if receipt.outcome == "committed" else 1
 
 
@@ -169,7 +171,8 @@ def add_parser(sub) -> None:
     c = verbs.add_parser("create", help="admit a session (POST /v1/sessions) and save its input token")
     c.add_argument("--backend", default="avatar", choices=["avatar", "world"])
     c.add_argument("--class", dest="session_class", default="C1", choices=SESSION_CLASSES)
-    c.add_argument("--period-ms", type=float, default=200.0, help="C1: one block per period (0: none)")
+    c.add_argument("--period-ms", type=float, default=0.0,
+                   help="C1: one block per period (default: the media one block of the backend makes)")
     c.add_argument("--deadline-ms", type=float, default=0.0)
     c.add_argument("--quality-floor", type=int, default=1)
     c.add_argument("--determinism", default="T1", choices=["T0", "T1", "T2"])
@@ -179,7 +182,7 @@ def add_parser(sub) -> None:
 
     s = verbs.add_parser("send", help="send one input item through fence's ingress")
     s.add_argument("session_id")
-    s.add_argument("--kind", default="text", choices=["text", "action", "json"])
+    s.add_argument("--kind", default="text", choices=["text", "action", "audio", "json"])
     s.add_argument("--data", required=True, help='JSON value (e.g. \'{"keys": ["w"]}\'); other text is a string')
     s.add_argument("--token", default="", help="default: the token `create` saved")
     s.add_argument("--ingress-url", default="", help="with --token: fence's ingress base URL")

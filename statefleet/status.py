@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
-import msgspec
 import nats.js.errors
 
 from libs import bus, names
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry, ServiceEntry, SessionSummary
+from statefleet import json_out
 
 
 def default_nats_url() -> str:
@@ -61,7 +60,7 @@ async def fleet(nats_url: str) -> dict[str, list]:
 async def print_status(nats_url: str, *, as_json: bool = False, all_sessions: bool = False) -> int:
     state = await fleet(nats_url or default_nats_url())
     if as_json:
-        print(json.dumps(msgspec.to_builtins(state), indent=2))
+        print(json_out.dumps(state))
         return 0
     now = time.time()
     print(f"services ({len(state['services'])})")

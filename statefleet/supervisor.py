@@ -12,7 +12,6 @@ per-service users (`libs/bus_auth.py`); the services ride out the gap.
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from libs import bus, bus_auth, names
 from libs.errors import Unavailable
 from libs.natsd import NatsServer
 from libs.procs import die_with_parent
+from statefleet import admin_token
 
 # Fixed HTTP ports for the two HTTP front doors (override with SF_*_HTTP_PORT in the environment).
 HTTP_PORTS = {"admission": 8700, "fence": 8701}
@@ -77,15 +77,16 @@ class Supervisor:
         self.nats_restarts: list[float] = []
         self.credentials: dict[str, bus_auth.Credential] = {}
         self.children: list[Child] = []
+        self.admin_token = ""
         self._stop_requested = False
 
     def run(self) -> int:
         signal.signal(signal.SIGINT, self._request_stop)
         signal.signal(signal.SIGTERM, self._request_stop)
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.admin_token_path = self._admin_token()
         try:
             self._start_nats()
+            self.admin_token = admin_token.ensure(self.data_dir)
             self._start_children()
             self._print_table()
             return self._watch()
@@ -119,14 +120,6 @@ class Supervisor:
         cred = self.credentials[bus_auth.user_for(service, host_id)]
         return {"SF_NATS_USER": cred.user, "SF_NATS_PASSWORD": cred.password}
 
-    def _admin_token(self) -> Path:
-        """The operator's admin token (dashboard actions, /v1/admin/*): made once, kept mode 0600, never printed."""
-        path = self.data_dir / "admin.token"
-        if not path.exists():
-            path.touch(mode=0o600)
-            path.write_text(secrets.token_urlsafe(32) + "\n")
-        return path
-
     def _start_children(self) -> None:
         base = {"SF_NATS_URL": self.nats_url, "SF_LOG_JSON": "true"}
         page = f"http://127.0.0.1:{self._http_port('admission')}"
@@ -138,7 +131,8 @@ class Supervisor:
                 env["SF_HTTP_PORT"] = self._http_port(name)
             if name == "admission":  # clients are told where fence's ingress is
                 env["SF_INGRESS_URL"] = f"http://127.0.0.1:{self._http_port('fence')}"
-                env["SF_ADMIN_TOKEN"] = self.admin_token_path.read_text().strip()
+                # the one admin credential; the CLI reads it from the same file (admin_token.py)
+                env[admin_token.ENV] = self.admin_token
             if name == "fence":  # the pages admission serves may open session sockets
                 env["SF_ALLOWED_ORIGINS"] = f"{page},{page.replace('127.0.0.1', 'localhost')}"
             self.children.append(Child(name, env, self.data_dir / "logs" / f"{name}.log"))
@@ -167,7 +161,7 @@ class Supervisor:
             print(f"{c.name:<12} {c.proc.pid:>7}  {where:<28} {c.log_path}")
         page = f"http://127.0.0.1:{self._http_port('admission')}"
         print(f"session page     {page}/session")
-        print(f"fleet dashboard  {page}/dashboard  (admin token in {self.admin_token_path})")
+        print(f"fleet dashboard  {page}/dashboard  (admin token in {self.data_dir / admin_token.FILE})")
         ports = sorted(int(c.env["SF_METRICS_PORT"]) for c in self.children)
         where = f"ports {ports[0]}..{ports[-1]}" if ports[-1] else "a free port each (see the logs)"
         print(f"metrics          http://127.0.0.1:PORT/metrics on {where} (Prometheus)")

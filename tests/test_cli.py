@@ -99,7 +99,7 @@ def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
         assert up.returncode == 0, out
         assert "statefleet stopped" in out
         assert f"session page     http://127.0.0.1:{env['SF_ADMISSION_HTTP_PORT']}/session" in out
-        assert "admin.token" in out and (tmp_path / "var" / "admin.token").read_text().strip() not in out
+        assert "admin_token" in out and (tmp_path / "var" / "admin_token").read_text().strip() not in out
         time.sleep(0.5)
         assert _pids_alive(tree) == []
     finally:
@@ -109,7 +109,9 @@ def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
 
 def _session_round_trip(env: dict, nats_url: str, tmp_path) -> None:
     """A user's session on the supervised system: create, send, watch output, move, watch the owner rise."""
-    env = {**env, "SF_NATS_URL": nats_url, "SF_ADMISSION_URL": f"http://127.0.0.1:{env['SF_ADMISSION_HTTP_PORT']}"}
+    env = {**env, "SF_NATS_URL": nats_url, "SF_ADMISSION_URL": f"http://127.0.0.1:{env['SF_ADMISSION_HTTP_PORT']}",
+           # `up` generated the admin token into its data dir; this client keeps its tokens elsewhere
+           "SF_ADMIN_TOKEN": (tmp_path / "var" / "admin_token").read_text().strip()}
     data = ["--data-dir", str(tmp_path / "client")]
 
     def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -118,10 +120,15 @@ def _session_round_trip(env: dict, nats_url: str, tmp_path) -> None:
         assert r.returncode == 0, r.stdout + r.stderr
         return r
 
-    created = json.loads(run("create", "--backend", "avatar", "--period-ms", "100").stdout)
+    created = json.loads(run("create", "--backend", "avatar").stdout)  # C1 period: the backend's media per block
     sid, first = created["session_id"], created["host_id"]
     assert first in ("engine-0", "engine-1")
     run("send", sid, "--data", "hello")
+    engines = subprocess.run([sys.executable, "-m", "statefleet", "engines", "--json", "--nats-url", nats_url],
+                             capture_output=True, text=True, timeout=60, env=env)
+    # strict JSON: a metric without samples is null, never NaN
+    hosts = json.loads(engines.stdout, parse_constant=lambda c: pytest.fail(f"{c} in engines --json"))
+    assert sid in {s["session_id"] for h in hosts for s in h["sessions"]}
     watched = run("watch", sid, "--blocks", "3", "--seconds", "30").stdout
     assert f"owner {first} v1 claimed" in watched and watched.count(" block ") >= 3
     other = "engine-1" if first == "engine-0" else "engine-0"

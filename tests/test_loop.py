@@ -18,7 +18,7 @@ import torch
 from libs import bus, names
 from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
-from libs.schemas.engine import Advance, OutputChunk, SessionInfo
+from libs.schemas.engine import Advance, OutputChunk, SessionInfo, SessionInit
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from services.admission.service import AdmissionConfig, AdmissionService
 from services.engine_host.backends import AvatarBackend, advance
@@ -71,7 +71,7 @@ async def wait_for(fn, timeout_s: float = 20.0):
 
 def control_blocks(inputs_per_block: list[list[bytes]], perturb_after: int | None = None) -> list:
     backend = AvatarBackend()
-    state = backend.init_state(SEED, PROMPT)
+    state = backend.init_state(SEED, SessionInit(prompt=PROMPT))
     out = []
     for i, inputs in enumerate(inputs_per_block, 1):
         out.append(advance(backend, state, inputs, TIER))

@@ -28,7 +28,7 @@ from libs.checkpoint.tree import byte_view, join, split
 from libs.errors import BadRequest, ConfigError, IntegrityError, NotFound
 from libs.schemas.base import Msg, decode, encode
 
-KEY_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+KEY_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")  # fullmatch only: `$` admits a trailing newline
 DEFAULT_INLINE_MAX_BYTES = 64 << 20
 
 
@@ -153,7 +153,7 @@ class CheckpointStore:
 
 
 def _check_key(key: str) -> None:
-    if not KEY_RE.match(key):
+    if not KEY_RE.fullmatch(key):
         raise BadRequest(f"checkpoint key {key!r} must match {KEY_RE.pattern}", key=key)
 
 

@@ -46,9 +46,13 @@ from libs.schemas.fence import (
     Release,
     SessionMeta,
 )
+from libs.telemetry import counter
 
 _log = structlog.get_logger("statefleet.fence.client")
+_notices_failed = counter("sf_engine_assignment_notices_failed_total",
+                          "Assignment notices dropped (malformed) or retried (log unreadable)")
 KICK_ATTEMPTS = 20
+NOTICE_RETRY_S = 0.5
 # The lease's ordered consumer notices a lost consumer (e.g. a NATS restart) after missed heartbeats.
 LEASE_HEARTBEAT_S = 1.0
 
@@ -77,10 +81,26 @@ class EngineClient:
         await self._notices.put(notice)
 
     async def next_assignment(self) -> AssignNotice:
-        """The next assignment to this server that the log still shows as the latest."""
+        """The next assignment to this server that the log still shows as the latest.
+
+        Never raises for one notice: a malformed one is dropped, one whose log cannot be read now
+        (a timeout, an outage) is retried after a pause, each counted, so the watcher that takes
+        assignments outlives any single one (a host that heartbeats must be able to claim)."""
         while True:
             notice = await self._notices.get()
-            tail = await session_log.read_tail(self.js, notice.session_id)
+            try:
+                session_log.check_session_id(notice.session_id)
+                tail = await session_log.read_tail(self.js, notice.session_id)
+            except errors.BadRequest as e:  # malformed (bad id, undecodable log record): nothing to claim
+                _notices_failed.add(1, {"reason": e.code})
+                _log.warning("assignment_notice_dropped", session_id=notice.session_id[:140], detail=e.detail)
+                continue
+            except (errors.StatefleetError, nats.errors.Error) as e:
+                _notices_failed.add(1, {"reason": getattr(e, "code", type(e).__name__)})
+                _log.warning("assignment_notice_retry", session_id=notice.session_id, error=repr(e))
+                await asyncio.sleep(NOTICE_RETRY_S)
+                self._notices.put_nowait(notice)
+                continue
             if tail.view.owner == Owner(server_id=self.server_id, version=notice.version):
                 return notice
 

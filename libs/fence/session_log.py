@@ -24,25 +24,41 @@ from libs.schemas.base import decode, encode
 from libs.schemas.fence import Event, LogRecord, SessionView
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
-_SID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_SID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 def check_session_id(session_id: str) -> str:
-    """Session ids become subject tokens and KV keys: letters, digits, `-` and `_` only."""
-    if not isinstance(session_id, str) or not _SID.match(session_id):
+    """Session ids become subject tokens and KV keys: letters, digits, `-` and `_` only.
+
+    A full match: `re.match` with `$` would accept a trailing newline, which in a subject
+    would end the NATS protocol line."""
+    if not isinstance(session_id, str) or not _SID.fullmatch(session_id):
         raise errors.BadRequest("session_id must be 1-128 of [A-Za-z0-9_-]", session_id=str(session_id)[:140])
     return session_id
 
 
-async def provision(js: JetStreamContext, replicas: int = 1) -> None:
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How much the fence's streams and buckets may hold (-1: no limit; see docs/configuration.md).
+    Full, they refuse new writes; only the input stream also ages out (`input_max_age_s`)."""
+
+    log_max_bytes: int = -1
+    input_max_bytes: int = -1
+    input_max_age_s: float | None = None
+    meta_max_bytes: int = -1
+
+
+async def provision(js: JetStreamContext, replicas: int = 1, retention: Retention = Retention()) -> None:
     """Create the fence's streams and buckets (idempotent)."""
+    r = retention
     await bus.ensure_stream(js, bus.StreamSpec(names.SESSION_STREAM, [names.SESSION_LOG_SUBJECTS],
-                                               replicas=replicas))
-    await bus.ensure_stream(js, bus.StreamSpec(names.INPUT_STREAM, [names.INPUT_SUBJECTS], replicas=replicas))
+                                               replicas=replicas, max_bytes=r.log_max_bytes))
+    await bus.ensure_stream(js, bus.StreamSpec(names.INPUT_STREAM, [names.INPUT_SUBJECTS], replicas=replicas,
+                                               max_bytes=r.input_max_bytes, max_age_s=r.input_max_age_s))
     await bus.ensure_stream(js, bus.StreamSpec(names.BLOCK_STREAM, [names.BLOCK_JOURNAL_SUBJECTS],
-                                               replicas=replicas))
-    await bus.ensure_kv(js, names.FENCE_META_BUCKET, replicas=replicas)
-    await bus.ensure_kv(js, names.SESSIONS_BUCKET, replicas=replicas)
+                                               replicas=replicas, max_bytes=r.log_max_bytes))
+    await bus.ensure_kv(js, names.FENCE_META_BUCKET, replicas=replicas, max_bytes=r.meta_max_bytes)
+    await bus.ensure_kv(js, names.SESSIONS_BUCKET, replicas=replicas, max_bytes=r.meta_max_bytes)
 
 
 @dataclass(frozen=True, slots=True)

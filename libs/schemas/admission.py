@@ -63,6 +63,7 @@ class SessionRecord(Msg):
     host_id: str = ""  # placed on this engine host
     placed_at: float = 0.0
     demand: Demand | None = None  # what it takes on host_id until the host's heartbeat shows it
+    tenant: str = ""  # whose API key created it ("" = the admin); only they and the admin may touch it
 
 
 class AdmissionMetrics(msgspec.Struct, kw_only=True):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from libs.schemas.base import Msg
+
+InputKind = Literal["text", "action", "audio", "json"]
+INPUT_KINDS: tuple[str, ...] = get_args(InputKind)
 
 
 class ErrorReply(Msg):
@@ -52,6 +55,25 @@ class ProfileRow(Msg):
     block_ms: float  # wall time of one whole block through the pipeline
     state_bytes: int  # resident state of one session
     media_s_per_block: float  # media seconds one block produces (for the real-time factor)
+    # What the backend takes as input, so ingress refuses anything else at the door ([] = not said):
+    input_kinds: list[str] = []
+    max_input_bytes: int = 0  # the largest value of one item it takes (a text item: its UTF-8 bytes); 0 = not said
+    # The admissibility inputs of a move: what a move sends (leaves of role `moved`) and how many of
+    # those bytes one block rewrites (chunks whose CRC changed, at the mover's default chunk size).
+    moved_bytes: int = 0
+    dirty_bytes_per_block: int = 0
+
+
+class BackendInfo(Msg):
+    """A backend an engine host can serve, as its heartbeat lists it (`statefleet backends`)."""
+
+    name: str
+    source: str  # "module:Class", from the `statefleet.backends` entry points or the host config
+    tiers: list[int] = []
+    input_kinds: list[str] = []
+    moved_bytes: int = 0  # default config's per-session state, by role
+    rebuildable_bytes: int = 0
+    static_bytes: int = 0
 
 
 class EngineEntry(Msg):
@@ -68,6 +90,7 @@ class EngineEntry(Msg):
     busy_fraction: float = 0.0  # share of device time taken by admitted sessions' steady-state quanta
     state_bytes_resident: int = 0
     data_addr: str = ""  # host:port of the mover data plane (TCP) on this host
+    backends: list[BackendInfo] = []
 
 
 class SessionSummary(Msg):
@@ -88,12 +111,13 @@ class InputItem(Msg):
 
     `data` is the JSON value exactly as the client sent it (size-checked by ingress):
     `text` → a JSON string (avatar speech), `action` → a JSON object such as
-    {"keys": ["w"], "mouse": [dx, dy]} (world models), `json` → any JSON object.
+    {"keys": ["w"], "mouse": [dx, dy]} (world models), `audio` → a JSON string holding base64 of
+    16 kHz mono int16 little-endian PCM, `json` → any JSON object.
     Backends validate the shape they need and reject others with a typed error.
     """
 
     session_id: str
     seq: int  # the session's ingress sequence: strictly increasing, gap-free per session
-    kind: Literal["text", "action", "json"]
+    kind: InputKind
     data: bytes
     accepted_at: float = 0.0

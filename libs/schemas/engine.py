@@ -10,6 +10,24 @@ from libs.session_classes import DeterminismTier, SessionClass
 
 SessionState = Literal["running", "suspended", "closing", "closed", "failed"]
 
+AUDIO_SAMPLE_RATE = 16000  # session init audio and `audio` input items: mono int16 little-endian PCM
+
+
+class RawImage(Msg):
+    """An image a session starts from: `rgb` is width·height·3 bytes, row-major, uint8."""
+
+    width: int
+    height: int
+    rgb: bytes
+
+
+class SessionInit(Msg):
+    """What a backend's `init_state` starts a session from, besides its seed."""
+
+    prompt: str = ""
+    image: RawImage | None = None
+    audio: bytes = b""  # AUDIO_SAMPLE_RATE mono int16 LE PCM
+
 
 class OpenSession(Msg):
     """`open`: create a session from a seed and prompt. Periodic classes (`session_classes.PERIODIC`)
@@ -24,6 +42,11 @@ class OpenSession(Msg):
     session_class: SessionClass = "C3"
     period_ms: float = 0.0  # release period of C1/C2 sessions (their deadline is the next release)
     determinism: DeterminismTier = "T0"  # T0 sessions are never coalesced into a batch (bitwise replay)
+    image: RawImage | None = None  # init inputs besides the prompt, for backends that start from them
+    audio: bytes = b""
+
+    def init(self) -> SessionInit:
+        return SessionInit(prompt=self.prompt, image=self.image, audio=self.audio)
 
 
 class SessionRef(Msg):
@@ -58,6 +81,9 @@ class SessionInfo(Msg):
     consumed_seq: int  # last input seq folded into the state by a block
     state_bytes: int
     skipped_blocks: int = 0
+    rejected_inputs: int = 0  # input items the backend refused: skipped, each reported on the output stream
+    last_rejected_seq: int = 0
+    last_rejected_detail: str = ""
 
 
 class CheckpointRef(Msg):
@@ -130,7 +156,9 @@ class OutputChunk(Msg):
 
     session_id: str
     block: int
-    kind: Literal["frames", "audio"]
+    # "input_rejected": an input item the backend refused and skipped; `data` is its problem+json
+    # (with `seq`), dtype "json", one part. Readers that only render media skip other kinds.
+    kind: Literal["frames", "audio", "input_rejected"]
     dtype: str
     shape: list[int]
     part: int
@@ -159,3 +187,5 @@ class SessionDescriptor(Msg):
     input_cursor: int
     consumed_seq: int
     pending: list[InputItem] = []  # accepted but not yet folded into the state (empty in checkpoints)
+    image: RawImage | None = None  # init inputs: the destination regenerates `static` leaves from them
+    audio: bytes = b""

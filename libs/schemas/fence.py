@@ -88,6 +88,10 @@ class SessionSpec(Msg):
     prompt: str = ""
     contract: bytes = b""  # opaque msgpack written by admission
     tier: int = 0  # quality tier
+    # What the session's backend takes (from its hosts' profile rows), so ingress refuses the rest
+    # with a 4xx instead of storing an item the engine would skip. Empty / 0: not known, not checked.
+    input_kinds: list[str] = []
+    max_input_bytes: int = 0
 
 
 class SessionMeta(SessionSpec):

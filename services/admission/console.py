@@ -27,8 +27,9 @@ from aiohttp import web
 from libs import errors
 from libs.schemas.motion import MoveReceipt
 from libs.ws_auth import Origins, authenticate_first_message
+from services.admission.auth import Credentials
 from services.admission.fleet_feed import FleetFeed
-from services.admission.http import _authorize, _json, _session_id
+from services.admission.http import _json, _session_id
 
 WEB = Path(__file__).parent / "web"
 STATIC = {"session.js": "text/javascript", "dashboard.js": "text/javascript", "common.js": "text/javascript",
@@ -80,7 +81,7 @@ def add_console(app: web.Application, *, feed: FleetFeed, admin_token: str, move
         return ws
 
     async def move_session(request: web.Request) -> web.Response:
-        _authorize(request, admin_token)
+        Credentials(admin_token, {}).admin(request)
         sid = _session_id(request)
         try:
             body = msgspec.json.decode(await request.read(), type=MoveBody)

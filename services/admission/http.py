@@ -4,13 +4,13 @@ Routes (the OpenAPI document at `/openapi.json` is the contract):
   POST   /v1/sessions                 CreateSession → 201 CreatedSession (placed) | 202 CreatedSession (queued)
   GET    /v1/sessions/{session_id}    → SessionStatus
   DELETE /v1/sessions/{session_id}    → 204
+  (the session routes: Authorization: Bearer <API key or admin token> when any is configured; auth.py)
   GET    /v1/admin/queue              → QueueView   (Authorization: Bearer <admin_token>)
   GET    /v1/admin/fleet              → FleetView   (Authorization: Bearer <admin_token>)
 """
 
 from __future__ import annotations
 
-import hmac
 import re
 import uuid
 from http import HTTPStatus
@@ -22,6 +22,7 @@ from aiohttp import web
 
 from libs.errors import BadRequest, Forbidden, Internal, NotFound, StatefleetError, Unauthorized
 from libs.schemas.admission import (
+    BACKEND_PATTERN,
     SESSION_ID_PATTERN,
     AdmissionVerdict,
     CreatedSession,
@@ -32,47 +33,54 @@ from libs.schemas.admission import (
     SessionStatus,
 )
 from libs.schemas.base import check_version
+from services.admission.auth import Caller, Credentials
 from services.admission.openapi import OPENAPI
 
 log = structlog.get_logger("statefleet.admission.http")
 PROBLEM = "application/problem+json"
-_SESSION_ID = re.compile(SESSION_ID_PATTERN)
+_SESSION_ID = re.compile(SESSION_ID_PATTERN.strip("^$"))  # fullmatch: `$` admits a trailing newline
+_BACKEND = re.compile(BACKEND_PATTERN.strip("^$"))
+MAX_BODY_BYTES = 256 * 1024  # a create body: contract and prompt (itself at most MAX_PROMPT_CHARS)
+MAX_BODY_DEPTH = 32
 _FIELD = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 
 
 class SessionApi(Protocol):
-    async def create(self, req: CreateSession) -> tuple[int, CreatedSession]: ...
-    async def get(self, session_id: str) -> SessionStatus: ...
-    async def delete(self, session_id: str) -> None: ...
+    async def create(self, req: CreateSession, caller: Caller) -> tuple[int, CreatedSession]: ...
+    async def get(self, session_id: str, caller: Caller) -> SessionStatus: ...
+    async def delete(self, session_id: str, caller: Caller) -> None: ...
     def queue_view(self) -> QueueView: ...
     def fleet_view(self) -> FleetView: ...
 
 
-def make_app(api: SessionApi, admin_token: str) -> web.Application:
+def make_app(api: SessionApi, credentials: Credentials, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
     async def create(request: web.Request) -> web.Response:
-        status, view = await api.create(parse_create(await request.read()))
+        caller = credentials.caller(request)
+        status, view = await api.create(parse_create(await request.read()), caller)
         return _json(view, status)
 
     async def get(request: web.Request) -> web.Response:
-        return _json(await api.get(_session_id(request)))
+        sid = _session_id(request)
+        return _json(await api.get(sid, credentials.caller(request)))
 
     async def delete(request: web.Request) -> web.Response:
-        await api.delete(_session_id(request))
+        sid = _session_id(request)
+        await api.delete(sid, credentials.caller(request))
         return web.Response(status=204)
 
     async def queue(request: web.Request) -> web.Response:
-        _authorize(request, admin_token)
+        credentials.admin(request)
         return _json(api.queue_view())
 
     async def fleet(request: web.Request) -> web.Response:
-        _authorize(request, admin_token)
+        credentials.admin(request)
         return _json(api.fleet_view())
 
     async def openapi(_: web.Request) -> web.Response:
         return web.json_response(OPENAPI)
 
-    app = web.Application(middlewares=[problems])
+    app = web.Application(middlewares=[problems], client_max_size=max_body_bytes)
     app.router.add_post("/v1/sessions", create)
     app.router.add_get("/v1/sessions/{session_id}", get, allow_head=False)
     app.router.add_delete("/v1/sessions/{session_id}", delete)
@@ -92,18 +100,23 @@ def parse_create(body: bytes) -> CreateSession:
         req = msgspec.convert(_integral(raw), CreateSession)
     except msgspec.ValidationError as e:
         raise BadRequest(f"invalid request body: {e}", field=_field_of(str(e))) from None
+    if not _BACKEND.fullmatch(req.backend):  # the schema's `$` admits a trailing newline in Python
+        raise BadRequest(f"backend must match {BACKEND_PATTERN}", field="backend")
     check_version(req)
     return req
 
 
-def _integral(value: Any) -> Any:
-    """JSON has one number type: 7.0 is a valid JSON Schema integer, so pass it on as 7."""
+def _integral(value: Any, depth: int = 0) -> Any:
+    """JSON has one number type: 7.0 is a valid JSON Schema integer, so pass it on as 7.
+    A create body is a few levels deep; one nested deeper is refused, not recursed into."""
+    if depth > MAX_BODY_DEPTH:
+        raise BadRequest(f"request body is nested deeper than {MAX_BODY_DEPTH} levels", field="body")
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
+        return {k: _integral(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [_integral(v) for v in value]
+        return [_integral(v, depth + 1) for v in value]
     return value
 
 
@@ -119,14 +132,6 @@ def _session_id(request: web.Request) -> str:
     if not _SESSION_ID.fullmatch(sid):
         raise BadRequest("session_id must be 32 lowercase hex digits", field="session_id")
     return sid
-
-
-def _authorize(request: web.Request, admin_token: str) -> None:
-    if not admin_token:
-        raise Forbidden("the admin API is disabled: no admin_token is configured")
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), admin_token.encode()):
-        raise Unauthorized("fleet operations need Authorization: Bearer <admin token>", field="Authorization")
 
 
 def _json(body: Any, status: int = 200) -> web.Response:

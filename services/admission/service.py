@@ -24,6 +24,7 @@ import asyncio
 import functools
 import time
 import uuid
+from collections import Counter
 from typing import Annotated
 
 import msgspec
@@ -58,7 +59,8 @@ from libs.schemas.motion import MoveReceipt, MoveRequest
 from libs.schemas.placement import Placement, PlaceRequest
 from libs.service import Service
 from libs.telemetry import counter, histogram, traced
-from services.admission import http
+from services.admission import http, media_rate
+from services.admission.auth import OPEN, Caller, Credentials
 from services.admission.console import add_console
 from services.admission.core import AdmissionCore, Candidate, Policy
 from services.admission.fleet_feed import FleetFeed
@@ -70,7 +72,10 @@ _queue_wait = histogram("sf_admission_queue_wait", "Created to placed, for sessi
 class AdmissionConfig(BaseConfig, kw_only=True):
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8700
-    admin_token: str = ""  # bearer token for /v1/admin/*; empty disables those routes
+    admin_token: str = ""  # bearer token for /v1/admin/* and every session; empty disables the admin routes
+    # tenant → API key; with a key or the admin token configured, the session routes need one (auth.py)
+    api_keys: dict[str, str] = {}
+    max_sessions_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 0  # live sessions a tenant may hold; 0 = no quota
     max_prompt_bytes: PositiveInt = 16384
     guard_busy_fraction: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
     guard_memory_fraction: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.05
@@ -96,6 +101,7 @@ class AdmissionService(Service):
         self.core = AdmissionCore(Policy(guard=self.guard, queue_capacity=cfg.queue_capacity,
                                          queue_timeout_s=cfg.queue_timeout_s, settle_s=cfg.reservation_settle_s))
         self._lock = asyncio.Lock()  # one decision at a time: decide, place, record
+        self._tenants: Counter[str] = Counter()  # live (not timed-out) sessions per tenant, for the quota
         self._wake = asyncio.Event()
         self.records = await bus.ensure_kv(self.js, names.ADMISSION_BUCKET, replicas=cfg.nats_replicas)
         self.hosts = await LiveHosts.open(self.js, heartbeat_s=cfg.heartbeat_s, replicas=cfg.nats_replicas,
@@ -106,7 +112,7 @@ class AdmissionService(Service):
         self.spawn(self._drain_loop(), "drain")
         self.feed = FleetFeed(self.nc, self.js, queue=self.queue_view, heartbeat_s=cfg.heartbeat_s)
         await self.feed.start(self.spawn)
-        app = http.make_app(self, cfg.admin_token)
+        app = http.make_app(self, Credentials(cfg.admin_token, cfg.api_keys))
         add_console(app, feed=self.feed, admin_token=cfg.admin_token, move=self.move, ingress_url=cfg.ingress_url)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -121,16 +127,19 @@ class AdmissionService(Service):
 
     # ------------------------------------------------------------ the session API (called by http)
 
-    async def create(self, req: CreateSession) -> tuple[int, CreatedSession]:
+    async def create(self, req: CreateSession, caller: Caller = OPEN) -> tuple[int, CreatedSession]:
         """Admit and place, or queue; 201 with the placed session, 202 with the queued one."""
         if len(req.prompt.encode()) > self.config.max_prompt_bytes:
             raise TooLarge(f"prompt is over {self.config.max_prompt_bytes} bytes", field="prompt",
                            limit=self.config.max_prompt_bytes)
+        contract = media_rate.complete(req.contract, req.backend, [r for h in self._live() for r in h.profile])
+        req = msgspec.structs.replace(req, contract=contract)
         cand = Candidate(session_id=uuid.uuid4().hex, backend=req.backend, contract=req.contract)
-        return await traced("admission.create", functools.partial(self._create, req=req))(cand)
+        return await traced("admission.create", functools.partial(self._create, req=req, caller=caller))(cand)
 
-    async def _create(self, cand: Candidate, req: CreateSession) -> tuple[int, CreatedSession]:
+    async def _create(self, cand: Candidate, req: CreateSession, caller: Caller) -> tuple[int, CreatedSession]:
         async with self._lock:
+            self._check_quota(caller)
             now = time.time()
             verdict = self.core.submit(cand, self._live(), now)
             _verdicts.add(1, {"outcome": verdict.outcome, "reason": verdict.reason})
@@ -144,7 +153,9 @@ class AdmissionService(Service):
                 raise
             record = SessionRecord(session_id=cand.session_id, backend=req.backend, contract=req.contract,
                                    seed=req.seed, prompt=req.prompt, state="queued", verdict=verdict,
-                                   created_at=now, updated_at=now, queue_deadline=verdict.queue_deadline)
+                                   created_at=now, updated_at=now, queue_deadline=verdict.queue_deadline,
+                                   tenant=caller.tenant)
+            self._tenants[caller.tenant] += 1  # counted from here: every way out below forgets it again
             if verdict.outcome == "admitted":
                 placed = await self._place(record, verdict, create=True)
                 if placed is not None:
@@ -155,14 +166,18 @@ class AdmissionService(Service):
                 await self._kv(self.records.create(cand.session_id, encode(record)))
             except StatefleetError:
                 self.core.forget(cand.session_id)  # nothing recorded, so nothing queued
+                self._tenants[caller.tenant] -= 1
                 await self._close_at_fence(cand.session_id, "admission record not written")
                 raise
         return 202, await self._created(record, token)
 
     async def _register(self, session_id: str, req: CreateSession) -> str:
         """Register with fence (shared metadata for any server that will run it); returns the input token."""
+        rows = [r for h in self._live() for r in h.profile if r.backend == req.backend]
         reg = RegisterRequest(session_id=session_id, backend=req.backend, seed=req.seed, prompt=req.prompt,
-                              contract=encode(req.contract), tier=req.contract.quality_floor)
+                              contract=encode(req.contract), tier=req.contract.quality_floor,
+                              input_kinds=rows[0].input_kinds if rows else [],
+                              max_input_bytes=min(r.max_input_bytes for r in rows) if rows else 0)
         reply = await bus.request(self.nc, names.FENCE_REGISTER, reg, RegisterReply,
                                   timeout_s=self.config.fence_timeout_s)
         # what `statefleet status` shows about the session besides its owner (a hint)
@@ -184,16 +199,24 @@ class AdmissionService(Service):
         return CreatedSession(**msgspec.structs.asdict(view), input_token=token, input_url=f"{base}/items",
                               input_ws_url=f"{ws}/ws", output_ws_url=f"{ws}/output")
 
-    async def get(self, session_id: str) -> SessionStatus:
-        return await self._owned_view(await self._load(session_id))
+    async def get(self, session_id: str, caller: Caller = OPEN) -> SessionStatus:
+        return await self._owned_view(await self._load(session_id, caller))
 
-    async def delete(self, session_id: str) -> None:
+    async def delete(self, session_id: str, caller: Caller = OPEN) -> None:
         async with self._lock:
-            await self._load(session_id)
+            record = await self._load(session_id, caller)
             await self._close_at_fence(session_id, "deleted")
             await self._kv(self.records.delete(session_id))
             self.core.forget(session_id)
+            if record.state != "timed_out":  # a timed-out session stopped counting when it timed out
+                self._tenants[record.tenant] -= 1
         self._wake.set()
+
+    def _check_quota(self, caller: Caller) -> None:
+        quota = self.config.max_sessions_per_tenant
+        if quota and not caller.admin and self._tenants[caller.tenant] >= quota:
+            raise Busy(f"tenant {caller.tenant} holds its quota of {quota} sessions; delete one first",
+                       reason="tenant_quota", limit=quota)
 
     def queue_view(self) -> QueueView:
         return QueueView(capacity=self.config.queue_capacity, timeout_s=self.config.queue_timeout_s,
@@ -271,6 +294,9 @@ class AdmissionService(Service):
                     continue
                 await self._kv(self.records.put(cand.session_id, encode(msgspec.structs.replace(
                     record, state="timed_out", verdict=verdict, updated_at=time.time()))))
+                self._tenants[record.tenant] -= 1
+                # Its input token stops working with it: nothing will ever serve that input.
+                await self._close_at_fence(cand.session_id, "queue_timeout")
             while (ready := self.core.head_ready(self._live())) is not None:
                 cand, verdict = ready
                 try:
@@ -290,6 +316,8 @@ class AdmissionService(Service):
             return
         records = sorted([await self._load(k) for k in keys], key=lambda r: (r.created_at, r.session_id))
         for r in records:
+            if r.state != "timed_out":
+                self._tenants[r.tenant] += 1
             if r.state == "placed" and r.demand is not None:
                 self.core.placed(r.session_id, r.host_id, r.demand, r.placed_at)
             elif r.state == "queued":
@@ -297,12 +325,16 @@ class AdmissionService(Service):
                 self.core.enqueue(cand, r.created_at, deadline=r.queue_deadline)
         self.log.info("recovered", sessions=len(records), queued=len(self.core.waiting()))
 
-    async def _load(self, session_id: str) -> SessionRecord:
+    async def _load(self, session_id: str, caller: Caller = OPEN) -> SessionRecord:
+        """The record; another tenant's session is as not found as a missing one (no oracle)."""
         try:
             entry = await self._kv(self.records.get(session_id))
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             raise NotFound(f"no session {session_id}", field="session_id", session_id=session_id) from None
-        return decode(entry.value, SessionRecord)
+        record = decode(entry.value, SessionRecord)
+        if not caller.may_touch(record.tenant):
+            raise NotFound(f"no session {session_id}", field="session_id", session_id=session_id)
+        return record
 
     async def _kv(self, op):
         """Await a KV operation; a bus that does not answer is `Unavailable` (retryable), not a crash."""

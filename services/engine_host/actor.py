@@ -103,12 +103,17 @@ class StageActor(Generic[P, M]):
             else:
                 work.dropped.append((it, reason))
         work.items = kept
-        if kept and all(it.error is None for it in kept):
+        # An item that failed in an earlier stage rides on to the sink (which fails its session); the
+        # others of a coalesced work still run, so one session's error stays with that session.
+        live = [it for it in kept if it.error is None]
+        if live:
+            part = work if len(live) == len(kept) else Work(items=live, meta=work.meta, key=work.key,
+                                                            stage_ms=work.stage_ms)
             t0 = time.perf_counter()  # a stage's time is its compute, what a profile row's quantum means
             try:
-                self.stage.run(work)
+                self.stage.run(part)
             except Exception as e:  # the session(s) fail; the actor and the other sessions go on
-                for it in kept:
+                for it in live:
                     it.error = e
             finally:
                 work.stage_ms[self.stage.name] = (time.perf_counter() - t0) * 1000

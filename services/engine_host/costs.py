@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import crc32c
 import torch
 
-from services.engine_host.backends import Backend, make_backend
+from services.engine_host.backends import Backend, Registry, make_backend
+from services.engine_host.backends.base import forward_passes
 
 COST_EWMA = 0.2
 
@@ -16,19 +20,27 @@ def shape_of(backend: Backend) -> str:
 
 
 class Backends:
-    """Builds each (name, config) backend once; a name alone means the host's configured default."""
+    """Builds each (name, config) backend once, from the registry; a name alone means the host's
+    configured default. The one instance (its weights, shared modules) serves every session of
+    that config on this host."""
 
-    def __init__(self, device: torch.device, configs: dict[str, bytes]) -> None:
+    def __init__(self, device: torch.device, configs: dict[str, bytes], registry: Registry,
+                 on_build: Callable[[Backend], None] = lambda b: None) -> None:
         self.device = device
         self.configs = configs
+        self.registry = registry
+        self.on_build = on_build
         self._built: dict[tuple[str, bytes], Backend] = {}
+        self._lock = threading.Lock()  # built from the loop and from worker threads (profile, restore)
 
     def get(self, name: str, config: bytes | None = None) -> Backend:
         cfg = self.configs.get(name, b"") if config is None else config
         key = (name, cfg)
-        if key not in self._built:
-            self._built[key] = make_backend(name, cfg, self.device)
-        return self._built[key]
+        with self._lock:
+            if key not in self._built:
+                self._built[key] = backend = make_backend(self.registry, name, cfg, self.device)
+                self.on_build(backend)
+            return self._built[key]
 
 
 class CostModel:
@@ -37,12 +49,26 @@ class CostModel:
 
     def __init__(self) -> None:
         self._seconds: dict[tuple[str, int, int], float] = {}
+        self._passes: dict[str, Callable[[int], int]] = {}
+
+    def shape(self, backend: Backend) -> None:
+        """Know a shape's forward passes per tier, so a tier not measured yet is priced from one that was."""
+        self._passes[shape_of(backend)] = lambda tier: forward_passes(backend, tier)
 
     def estimate(self, shape: str, tier: int, n: int) -> float:
-        """Measured for this batch size, else n × the single block (0 before anything is known)."""
+        """Measured for this batch size, else n × the single block, else n × another measured tier's
+        single block scaled by forward passes (a clean pass costs as much as a step); 0 before
+        anything is known."""
         if (c := self._seconds.get((shape, tier, n))) is not None:
             return c
-        return self._seconds.get((shape, tier, 1), 0.0) * n
+        if (c := self._seconds.get((shape, tier, 1))) is not None:
+            return c * n
+        passes = self._passes.get(shape)
+        known = [(t, s) for (sh, t, k), s in self._seconds.items() if sh == shape and k == 1]
+        if passes is None or not known:
+            return 0.0
+        t0, s0 = max(known)
+        return s0 * passes(tier) / passes(t0) * n
 
     def seed(self, shape: str, tier: int, seconds: float) -> None:
         """A single block's start-up estimate; never overrides what was already learned."""

@@ -75,7 +75,9 @@ class Dispatcher:
             assert s is not None  # the scheduler holds a task only for a session in the table
             self._note_wait(s, now, deadline)
             taken = s.take_pending()
-            items.append(self._item(s, taken, taken[-1].item.seq if taken else s.consumed_seq, d.tier))
+            # every accepted item is in `taken` or was skipped (refused by the backend, no effect on
+            # state), so the block's state reflects the whole input cursor
+            items.append(self._item(s, taken, s.input_cursor, d.tier))
         await self._submit(items, d, now)
 
     async def submit_exact(self, s: Session, block: ConsumedBlock) -> None:

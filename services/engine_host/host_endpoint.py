@@ -1,17 +1,24 @@
 """The mover's view of an engine host: a session's state tree and descriptor, installing a moved
-tree (checked against the backend before anything changes) and dropping the source copy."""
+tree (checked against the backend before anything changes) and dropping the source copy.
+
+The tree the mover sees holds only the leaves of role `moved` (and every scalar): a manifest,
+a pre-copy round and a checkpoint count and carry those alone. Installing one grafts it onto a
+fresh `init_state` tree (which regenerates `static` leaves from the seed and init inputs) and
+calls the backend's `rebuild` for `rebuildable` leaves."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import torch
 
-from libs.checkpoint.tree import split
 from libs.errors import BadRequest, Conflict
 from libs.schemas.base import decode, encode
-from libs.schemas.engine import OpenSession, SessionDescriptor
+from libs.schemas.common import BackendInfo
+from libs.schemas.engine import OpenSession, SessionDescriptor, SessionInit
 from services.engine_host.backends import Backend
+from services.engine_host.backends import spec as specs
 from services.engine_host.boundary import Boundaries
 from services.engine_host.costs import Backends, shape_of
 from services.engine_host.lifecycle import Lifecycle
@@ -29,21 +36,25 @@ def describe(s: Session, task: Task | None, *, with_pending: bool) -> SessionDes
         period_ms=sp.period_ms, determinism=sp.determinism, backend_config=s.backend.config_bytes(),
         blocks_done=s.blocks_done,
         input_cursor=s.input_cursor if with_pending else s.consumed_seq, consumed_seq=s.consumed_seq,
-        pending=[p.item for p in s.pending] if with_pending else [])
+        pending=[p.item for p in s.pending] if with_pending else [], image=sp.image, audio=sp.audio)
 
 
 class HostEndpoint:
     def __init__(self, sessions: SessionTable, backends: Backends, lifecycle: Lifecycle, boundaries: Boundaries,
-                 tasks: Callable[[str], Task | None], *, clock: Callable[[], float]) -> None:
+                 tasks: Callable[[str], Task | None], *, clock: Callable[[], float],
+                 in_thread: Callable[..., Awaitable[Any]]) -> None:
         self.sessions = sessions
         self.backends = backends
         self.lifecycle = lifecycle
         self.boundaries = boundaries
         self.tasks = tasks
         self.clock = clock
+        self.in_thread = in_thread
 
     def state_tree(self, session_id: str) -> dict:
-        return self.sessions.get(session_id).state
+        """The moved part of the live tree: the same tensor objects, so a pre-copy round reads the live bytes."""
+        s = self.sessions.get(session_id)
+        return specs.select(s.state, s.backend.state_spec())
 
     def session_descriptor(self, session_id: str) -> bytes:
         s = self.sessions.get(session_id)
@@ -59,12 +70,16 @@ class HostEndpoint:
         backend = self.backends.get(d.backend, d.backend_config)
         check_tree(session_id, backend, tree, self.backends.device)
         pending = [Pending(item, backend.parse_input(item), self.clock()) for item in d.pending]
+        if not SID_RE.match(session_id):
+            raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=session_id)
+        tree = await self.in_thread(complete, backend, tree, d.seed, SessionInit(prompt=d.prompt, image=d.image,
+                                                                                 audio=d.audio))
         s = self.sessions.lookup(session_id)
         if s is None:
             spec = OpenSession(session_id=session_id, backend=d.backend, seed=d.seed, prompt=d.prompt, tier=d.tier,
                                quality_floor=d.quality_floor, session_class=d.session_class,
-                               period_ms=d.period_ms, determinism=d.determinism)
-            if not SID_RE.match(session_id):
+                               period_ms=d.period_ms, determinism=d.determinism, image=d.image, audio=d.audio)
+            if not SID_RE.fullmatch(session_id):
                 raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=session_id)
             s = await self.lifecycle.admit(spec, backend, tree, gated=gated)
             s.origin = "moved"
@@ -83,18 +98,29 @@ class HostEndpoint:
 
 
 def check_tree(sid: str, backend: Backend, tree: dict, device: torch.device) -> None:
-    """A typed BadRequest unless `tree` has exactly the backend's leaves, of its dtypes and shapes, on `device`."""
+    """A typed `StateLayoutError` (a BadRequest) naming the first leaf of a moved tree that does not
+    match the backend's moved leaves, of their dtypes and shapes, on `device`."""
+    try:
+        specs.check(tree, backend.state_spec(), device, roles=("moved",))
+    except specs.StateLayoutError as e:
+        raise specs.StateLayoutError(f"{e.detail} ({backend.name} backend)", session_id=sid, **e.fields) from None
+
+
+def complete(backend: Backend, moved: dict, seed: int, init: SessionInit) -> dict:
+    """A whole live tree from its moved part: `static` leaves regenerated by `init_state`,
+    `rebuildable` ones re-derived by the backend's `rebuild`. Blocking: call it from a thread."""
     spec = backend.state_spec()
-    if not isinstance(tree, dict) or set(tree) != set(spec):
-        raise BadRequest(f"state tree keys do not match the {backend.name} backend", session_id=sid)
-    for key, want in spec.items():
-        v = tree[key]
-        if isinstance(want, tuple):
-            ok = (isinstance(v, torch.Tensor) and v.dtype == want[0] and tuple(v.shape) == want[1]
-                  and v.device == device)
-        else:
-            ok = type(v) is want
-        if not ok:
-            raise BadRequest(f"state leaf {key} does not match the {backend.name} backend on {device}",
-                             session_id=sid, leaf=key)
-    split(tree)  # rejects anything that is not a tensor or scalar
+    if not specs.has_unmoved(spec):
+        return moved
+    tree = specs.graft(backend.init_state(seed, init), moved, spec)
+    if specs.tensor_bytes(spec, "rebuildable"):
+        backend.rebuild(tree)
+    return tree
+
+
+def backend_info(backend: Backend, source: str) -> BackendInfo:
+    spec = backend.state_spec()
+    return BackendInfo(name=backend.name, source=source, tiers=list(backend.tiers),
+                       input_kinds=sorted(backend.input_kinds), moved_bytes=specs.tensor_bytes(spec, "moved"),
+                       rebuildable_bytes=specs.tensor_bytes(spec, "rebuildable"),
+                       static_bytes=specs.tensor_bytes(spec, "static"))

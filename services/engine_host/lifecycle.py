@@ -47,7 +47,7 @@ class Lifecycle:
         self._background: set[asyncio.Task[None]] = set()
 
     def validate_open(self, spec: OpenSession) -> Backend:
-        if not SID_RE.match(spec.session_id):
+        if not SID_RE.fullmatch(spec.session_id):
             raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=spec.session_id)
         host = self.sessions.host_id
         if spec.session_id in self.sessions:
@@ -69,7 +69,7 @@ class Lifecycle:
 
     async def open(self, spec: OpenSession, *, gated: bool = False) -> Session:
         backend = self.validate_open(spec)
-        state = await self.in_thread(backend.init_state, spec.seed, spec.prompt)
+        state = await self.in_thread(backend.init_state, spec.seed, spec.init())
         return await self.admit(spec, backend, state, gated=gated)
 
     async def admit(self, spec: OpenSession, backend: Backend, state: dict, *, gated: bool = False) -> Session:
@@ -115,7 +115,7 @@ class Lifecycle:
     def fail(self, s: Session, error: BaseException) -> None:
         """A block raised: fail the session and close it in order; the host goes on."""
         log.warning("session_failed", session_id=s.sid, error=repr(error))
-        self.sessions.failed[s.sid] = repr(error)
+        self.sessions.note_failed(s.sid, repr(error))
         s.status = "failed"
         s.busy = False
         s.idle.set()

@@ -46,11 +46,12 @@ class SessionStats:
     last_output_at: float | None = None
     blocks: int = 0
     periods: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    rtf: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # each period / its block's media seconds
     control: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     stages: dict[str, deque] = field(default_factory=lambda: defaultdict(lambda: deque(maxlen=WINDOW)))
     idle: deque = field(default_factory=lambda: deque(maxlen=IDLE_KEPT))
 
-    def output(self, now: float, accepted_at: list[float], stage_ms: dict[str, float]) -> None:
+    def output(self, now: float, accepted_at: list[float], stage_ms: dict[str, float], media_s: float) -> None:
         attrs = {"backend": self.backend}
         self.blocks += 1
         _blocks.add(1, attrs)
@@ -59,6 +60,7 @@ class SessionStats:
             _first_output.record(self.first_output_s * 1000, attrs)
         if self.last_output_at is not None:
             self.periods.append(now - self.last_output_at)
+            self.rtf.append(self.periods[-1] / media_s)
             _chunk_period.record(self.periods[-1] * 1000, attrs)
         self.last_output_at = now
         for t in accepted_at:
@@ -87,7 +89,7 @@ class SessionStats:
             control_to_output_p50_ms=pct(self.control, 50) * 1000,
             control_to_output_p95_ms=pct(self.control, 95) * 1000,
             chunk_period_p50_ms=pct(self.periods, 50) * 1000, chunk_period_p95_ms=p95 * 1000,
-            media_s_per_block=self.media_s_per_block, rtf_p95=p95 / self.media_s_per_block,
+            media_s_per_block=self.media_s_per_block, rtf_p95=pct(self.rtf, 95),
             stages=[StageTiming(stage=k, count=len(v), mean_ms=sum(v) / len(v), p95_ms=pct(v, 95))
                     for k, v in self.stages.items() if v],
             idle=list(self.idle),

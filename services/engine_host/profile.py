@@ -6,8 +6,14 @@ import statistics
 import time
 
 from libs.checkpoint import tree_bytes
+from libs.checkpoint.tree import tensors as tree_tensors
+from libs.motion import crc
 from libs.schemas.common import ProfileRow
+from libs.schemas.engine import SessionInit
 from services.engine_host.backends import Backend
+from services.engine_host.backends import spec as specs
+
+DIRTY_CHUNK_BYTES = 1 << 20  # the mover's default chunk: what a pre-copy round resends is counted in these
 
 
 def _sync(backend: Backend) -> None:
@@ -20,11 +26,15 @@ def _sync(backend: Backend) -> None:
 def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[ProfileRow]:
     """Run `warmup + blocks` blocks per tier on a scratch session; the medians become the rows.
     Blocking (it runs the model): call it from a thread."""
-    state = backend.init_state(0, "profile")
+    state = backend.init_state(0, SessionInit(prompt="profile"))
+    spec = backend.state_spec()
+    moved = specs.select(state, spec)
     rows = []
     for tier in backend.tiers:
         quantum, whole = [], []
+        dirty = 0
         for i in range(warmup + blocks):
+            before = chunk_crcs(moved) if i == warmup else None
             t0 = time.perf_counter()
             carry = backend.encode(state, [])
             _sync(backend)
@@ -37,7 +47,27 @@ def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[Profi
             if i >= warmup:
                 quantum.append((t2 - t1) * 1000)
                 whole.append((time.perf_counter() - t0) * 1000)
+            if before is not None:
+                dirty = dirty_bytes(before, chunk_crcs(moved))
         rows.append(ProfileRow(backend=backend.name, tier=tier, quantum_ms=statistics.median(quantum),
                                block_ms=statistics.median(whole), state_bytes=tree_bytes(state),
-                               media_s_per_block=backend.media_s_per_block))
+                               media_s_per_block=backend.media_s_per_block, moved_bytes=tree_bytes(moved),
+                               dirty_bytes_per_block=dirty,
+                               input_kinds=sorted(backend.input_kinds),
+                               max_input_bytes=getattr(backend, "max_input_bytes", 0)))
     return rows
+
+
+def chunk_crcs(tree: dict, chunk_bytes: int = DIRTY_CHUNK_BYTES) -> list[tuple[int, int]]:
+    """(CRC, length) of every chunk of every tensor leaf, in tree order: two calls around a block
+    tell which bytes it rewrote, as a pre-copy round sees them."""
+    out = []
+    for t in tree_tensors(tree):
+        view = crc.byte_view(t)
+        out += [(crc.crc_bytes(view[o:o + chunk_bytes]), min(chunk_bytes, view.numel() - o))
+                for o in range(0, view.numel(), chunk_bytes)]
+    return out
+
+
+def dirty_bytes(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> int:
+    return sum(n for (a, n), (b, _) in zip(before, after, strict=True) if a != b)

@@ -31,22 +31,22 @@ import torch
 from libs.checkpoint import CheckpointStore, tree_bytes
 from libs.errors import BadRequest, Conflict
 from libs.fence.block_journal import BlockJournal
-from libs.schemas.common import InputItem, ProfileRow
+from libs.schemas.common import BackendInfo, InputItem, ProfileRow
 from libs.schemas.engine import CheckpointRef, HostStatus, OpenSession, SessionInfo, SessionMetrics
 from libs.schemas.fence import ConsumedBlock
 from libs.session_classes import PERIODIC
 from services.engine_host import torch_threads
-from services.engine_host.backends import Backend
+from services.engine_host.backends import Backend, Registry
 from services.engine_host.boundary import Boundaries
 from services.engine_host.costs import Backends, CostModel, shape_of
 from services.engine_host.dispatcher import Dispatcher
-from services.engine_host.host_endpoint import HostEndpoint
+from services.engine_host.host_endpoint import HostEndpoint, backend_info
 from services.engine_host.journal import OutputJournal
 from services.engine_host.lifecycle import Lifecycle
 from services.engine_host.offload import Offload
 from services.engine_host.pipeline import StagePipeline
 from services.engine_host.scheduler import Dispatch, EdfScheduler
-from services.engine_host.session import SessionTable
+from services.engine_host.session import Rejected, SessionTable
 from services.engine_host.sink import OutputSink, Publish
 from services.engine_host.snapshots import Snapshots
 from services.engine_host.stages import BlockJob, BlockWork, block_stages
@@ -65,7 +65,8 @@ class EngineRuntime:
 
     def __init__(self, device: torch.device | str = "cpu", *, host_id: str = "local",
                  publish: Publish | None = None, checkpoints: CheckpointStore | None = None,
-                 backend_configs: dict[str, bytes] | None = None, max_batch: int = 8,
+                 backend_configs: dict[str, bytes] | None = None, registry: Registry | None = None,
+                 max_batch: int = 8,
                  max_in_flight: int = 2, guard_s: float = 0.002, max_sessions: int = 64,
                  edge_capacity: int = 2, clock: Callable[[], float] = time.monotonic) -> None:
         self.device = torch.device(device)
@@ -76,8 +77,8 @@ class EngineRuntime:
         self.checkpoints = checkpoints
         self.work = torch_threads.executor("engine-work", workers=2)  # init, offload, snapshots, profile
         self.sessions = SessionTable(host_id)
-        self.backends = Backends(self.device, backend_configs or {})
         self.costs = CostModel()
+        self.backends = Backends(self.device, backend_configs or {}, registry or Registry(), on_build=self.costs.shape)
         self.sched = EdfScheduler(cost=self.costs.estimate, guard_s=guard_s, max_batch=max_batch)
         self.pipeline: StagePipeline[BlockJob, Dispatch] = StagePipeline(
             block_stages(), self._sink, edge_capacity=edge_capacity, max_sessions=max_sessions)
@@ -90,7 +91,7 @@ class EngineRuntime:
                                    gate=self.boundaries.gate)
         self.sink = OutputSink(publish, self.costs, fail=self.lifecycle.fail, clock=clock)
         self.endpoint = HostEndpoint(self.sessions, self.backends, self.lifecycle, self.boundaries,
-                                     self.sched.tasks.get, clock=clock)
+                                     self.sched.tasks.get, clock=clock, in_thread=self.in_thread)
         self.offload = Offload(self.sessions, self.boundaries, self.sched, self.device,
                                in_thread=self.in_thread, clock=clock)
         self.snapshots = Snapshots(checkpoints, self.sessions, self.boundaries, self.sched.tasks.get, self.device,
@@ -145,8 +146,14 @@ class EngineRuntime:
         return await self.lifecycle.close(sid, drain=drain)
 
     async def apply_input(self, item: InputItem) -> int:
-        """Accept one released input item, in seq order; returns the session's new input cursor."""
-        return self.sessions.get(item.session_id).accept(item, self.clock())
+        """Accept one released input item, in seq order; returns the session's new input cursor.
+        An item the backend refuses is skipped and reported on the session's output stream."""
+        s = self.sessions.get(item.session_id)
+        accepted = s.accept(item, self.clock())
+        if isinstance(accepted, Rejected):
+            await self.sink.report_rejected(s, accepted)
+            return s.input_cursor
+        return accepted
 
     async def advance(self, sid: str, blocks: int = 1) -> SessionInfo:
         """Run `blocks` more blocks of a non-periodic session and return once they are done."""
@@ -242,6 +249,10 @@ class EngineRuntime:
         """Share of device time the periodic sessions' steady-state quanta take."""
         return sum(self.costs.estimate(t.shape, t.tier, 1) / t.period_s for t in self.sched.tasks.values()
                    if t.cls in PERIODIC and not t.paused)
+
+    def backend_infos(self) -> list[BackendInfo]:
+        """Every backend this host can serve (builds each default config: call it off the loop)."""
+        return [backend_info(self.backend(n), self.backends.registry.sources[n]) for n in self.backends.registry.names()]
 
     def state_bytes_resident(self) -> int:
         return sum(tree_bytes(s.state) for s in self.sessions if s.status != "suspended")

@@ -17,7 +17,7 @@ import torch
 from libs import bus, names
 from libs.checkpoint import CheckpointStore
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
-from libs.errors import Timeout
+from libs.errors import Timeout, Unavailable
 from libs.fence.client import EngineClient
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.base import Msg, encode
@@ -33,7 +33,7 @@ from libs.service import VERSION, Service
 from libs.telemetry import traced
 from services.engine_host import profile
 from services.engine_host.assignments import Assignments
-from services.engine_host.backends import WorldConfig
+from services.engine_host.backends import Registry, WorldConfig
 from services.engine_host.runtime import EngineRuntime
 
 
@@ -56,6 +56,9 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     checkpoint_every_s: PositiveFloat = 10.0  # fenced sessions are checkpointed this often (for failover)
     orphan_grace_s: PositiveFloat = 5.0  # a copy assigned away and not moved is closed after this long
     data_bind: str = "127.0.0.1:0"  # the mover's TCP data plane (host:port; port 0 picks one)
+    # name -> "module:Class": serves a backend no distribution registers, or settles a name that
+    # two distributions register under `statefleet.backends` (otherwise a start-up error)
+    backend_sources: dict[str, str] = {}
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -64,7 +67,20 @@ def device_memory(device: torch.device) -> tuple[int, int]:
         free, total = torch.cuda.mem_get_info(device)
         return total, free
     page = os.sysconf("SC_PAGE_SIZE")
-    return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
+    return os.sysconf("SC_PHYS_PAGES") * page, _available_ram(page)
+
+
+def _available_ram(page: int) -> int:
+    """What the kernel can hand out without swapping (MemAvailable), not MemFree: a busy host's page
+    cache fills MemFree's gap and would otherwise read as a full machine."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * page
 
 
 class EngineHostService(Service):
@@ -98,8 +114,10 @@ class EngineHostService(Service):
         if cfg.world_state_bytes:
             configs["world"] = msgspec.msgpack.encode(WorldConfig.for_state_bytes(cfg.world_state_bytes))
         self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
-                                     backend_configs=configs, max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
+                                     backend_configs=configs, registry=Registry(cfg.backend_sources),
+                                     max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
                                      max_sessions=cfg.max_sessions)
+        self.backend_infos = await self.runtime.in_thread(self.runtime.backend_infos)
         self.profile = await self.runtime.in_thread(self._measure_profile)
         self.runtime.seed_costs(self.profile)
         await self.runtime.start()
@@ -127,14 +145,14 @@ class EngineHostService(Service):
         await fence.start()
         self.assignments = Assignments(fence, rt, checkpoint_every_s=cfg.checkpoint_every_s,
                                        orphan_grace_s=cfg.orphan_grace_s)
-        self.spawn(self.assignments.run(), "assignments")
+        self._taking = self.spawn(self.assignments.run(), "assignments")
         self.log.info("engine_host_ready", host_id=self.host_id, device=str(self.device),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 
     def _measure_profile(self) -> list[ProfileRow]:
         rows = []
-        for name in ("world", "avatar"):
-            rows += profile.measure(self.runtime.backend(name), blocks=self.config.profile_blocks)
+        for info in self.backend_infos:
+            rows += profile.measure(self.runtime.backend(info.name), blocks=self.config.profile_blocks)
         return rows
 
     @staticmethod
@@ -160,12 +178,17 @@ class EngineHostService(Service):
         await self.nc.publish(subject, payload)
 
     async def heartbeat(self) -> None:
+        if self._taking.done():
+            # A host that cannot take assignments must not look alive: its entry expires, so
+            # placement sends nothing here (the watcher's death is logged by `spawn`).
+            raise Unavailable("the assignment watcher is not running", host_id=self.host_id)
         total, free = device_memory(self.device)
         rt = self.runtime
         entry = EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=total,
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
                             sessions=len(rt.sessions), profile=self.profile, busy_fraction=rt.busy_fraction(),
-                            state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr)
+                            state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
+                            backends=self.backend_infos)
         await self.engines_kv.put(self.host_id, encode(entry))
 
     async def teardown(self) -> None:

@@ -1,19 +1,23 @@
 """One session on an engine host, the host's table of them, and the rules for its input order.
 
 A session's inputs are applied in `seq` order exactly once: a duplicate or a gap is a `Conflict`
-and changes nothing; every accepted item waits in `pending` until a block takes it.
+and changes nothing; every accepted item waits in `pending` until a block takes it. An item the
+backend refuses (`BadRequest` from `parse_input`) is skipped: it takes its seq, so input order and
+every later item stand, changes no state, and is counted and reported (`Rejected`), never
+stopping the session or whoever serves it next.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from libs.checkpoint import tree_bytes
-from libs.errors import Busy, Conflict, NotFound
+from libs.errors import BadRequest, Busy, Conflict, NotFound
 from libs.schemas.common import InputItem
 from libs.schemas.engine import OpenSession, SessionDescriptor, SessionInfo
 from services.engine_host.backends import Backend
@@ -23,8 +27,9 @@ from services.engine_host.scheduler import Task
 if TYPE_CHECKING:
     from services.engine_host.journal import OutputJournal
 
-SID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # session ids become NATS subject tokens
+SID_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # session ids become NATS subject tokens: fullmatch only
 MAX_PENDING_INPUTS = 256
+MAX_FAILED_KEPT = 256  # why recently failed sessions went, for their status; older reasons are dropped
 
 SessionStatus = Literal["running", "suspended", "closing", "failed"]
 # "moved": installed by a committed move, waiting for fence to assign it here
@@ -38,6 +43,14 @@ class Pending:
     item: InputItem
     parsed: Any  # the backend's own value for it (see Backend.parse_input)
     accepted_at: float
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An input item the session's backend refused: skipped, with the typed error that says why."""
+
+    seq: int
+    error: BadRequest
 
 
 @dataclass
@@ -64,6 +77,8 @@ class Session:
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     checkpoint_key: str = ""
     origin: Origin = "opened"
+    rejected_inputs: int = 0
+    last_rejected: Rejected | None = None
     journal: OutputJournal | None = None  # a fenced session's output gate (see journal.py); None: publish at once
 
     @property
@@ -76,10 +91,13 @@ class Session:
                            session_class=s.session_class, tier=task.tier if task else s.tier,
                            blocks_done=self.blocks_done, input_cursor=self.input_cursor,
                            consumed_seq=self.consumed_seq, state_bytes=tree_bytes(self.state),
-                           skipped_blocks=task.skipped if task else 0)
+                           skipped_blocks=task.skipped if task else 0, rejected_inputs=self.rejected_inputs,
+                           last_rejected_seq=self.last_rejected.seq if self.last_rejected else 0,
+                           last_rejected_detail=self.last_rejected.error.detail if self.last_rejected else "")
 
-    def accept(self, item: InputItem, now: float) -> int:
-        """Queue one released input item, in seq order; returns the new input cursor."""
+    def accept(self, item: InputItem, now: float) -> int | Rejected:
+        """Queue one released input item, in seq order; returns the new input cursor, or the
+        `Rejected` record of an item the backend refused (skipped: the cursor moved past it)."""
         sid = self.sid
         if self.status not in ("running", "suspended"):
             raise Conflict(f"session {sid} is {self.status}", session_id=sid)
@@ -89,9 +107,15 @@ class Session:
         if item.seq != self.input_cursor + 1:
             raise Conflict(f"input {item.seq} leaves a gap after {self.input_cursor}",
                            session_id=sid, seq=item.seq, cursor=self.input_cursor, reason="gap")
-        parsed = self.backend.parse_input(item)
         if len(self.pending) >= MAX_PENDING_INPUTS:
             raise Busy(f"session {sid} has {MAX_PENDING_INPUTS} inputs waiting for a block", session_id=sid)
+        try:
+            parsed = self.backend.parse_input(item)
+        except BadRequest as e:
+            self.input_cursor = item.seq
+            self.rejected_inputs += 1
+            self.last_rejected = Rejected(item.seq, e)
+            return self.last_rejected
         self.pending.append(Pending(item, parsed, now))
         self.input_cursor = item.seq
         return self.input_cursor
@@ -138,7 +162,7 @@ class SessionTable:
     def __init__(self, host_id: str) -> None:
         self.host_id = host_id
         self._by_id: dict[str, Session] = {}
-        self.failed: dict[str, str] = {}
+        self.failed: OrderedDict[str, str] = OrderedDict()
 
     def get(self, sid: str) -> Session:
         """The live session; NotFound if there is none (a failed session is being released: it is gone)."""
@@ -158,6 +182,12 @@ class SessionTable:
 
     def remove(self, sid: str) -> None:
         self._by_id.pop(sid, None)
+
+    def note_failed(self, sid: str, why: str) -> None:
+        self.failed[sid] = why
+        self.failed.move_to_end(sid)
+        while len(self.failed) > MAX_FAILED_KEPT:
+            self.failed.popitem(last=False)
 
     def __contains__(self, sid: object) -> bool:
         return sid in self._by_id

@@ -1,29 +1,34 @@
 """The output sink: the end of the stage pipeline, on the event loop. Each finished block advances
 its session's progress, is accounted, and its output is published to the session's output subject
 (a fenced session's through its journal: recorded first, see journal.py); a block that raised
-fails its session instead."""
+fails its session instead. An input item the backend refused is reported on the same subject (an
+`input_rejected` chunk), so the client that sent it hears why it had no effect."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import msgspec
 import nats.errors
 import structlog
 
 from libs import names
 from libs.schemas.base import encode
+from libs.schemas.engine import OutputChunk
 from libs.schemas.fence import ConsumedBlock
 from libs.telemetry import counter
 from services.engine_host import output as wire
 from services.engine_host.backends import Output
+from services.engine_host.backends.base import block_media_s
 from services.engine_host.costs import CostModel
 from services.engine_host.journal import Finished
-from services.engine_host.session import Session
+from services.engine_host.session import Rejected, Session
 from services.engine_host.stages import BlockJob, BlockWork
 
 log = structlog.get_logger("statefleet.engine_host.sink")
 _output_dropped = counter("sf_engine_output_dropped_total", "Output chunks the bus did not take")
+_inputs_rejected = counter("sf_engine_inputs_rejected_total", "Input items a backend refused (skipped)")
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
@@ -57,9 +62,9 @@ class OutputSink:
         s = job.session
         consumed = ConsumedBlock(block=s.blocks_done + 1, first_seq=s.consumed_seq + 1, last_seq=job.last_seq,
                                  tier=job.tier)
+        s.stats.output(now, job.accepted_at, stage_ms, block_media_s(s.backend, s.blocks_done))
         s.blocks_done += 1
         s.consumed_seq = job.last_seq
-        s.stats.output(now, job.accepted_at, stage_ms)
         if s.journal is not None:
             s.journal.add(Finished(consumed, job.output, job.replayed))
             if s.journal.backlog >= MAX_JOURNAL_BACKLOG:
@@ -83,3 +88,19 @@ class OutputSink:
         except nats.errors.Error as e:
             _output_dropped.add(1, {"reason": type(e).__name__})
             log.warning("output_dropped", session_id=s.sid, block=block, error=type(e).__name__)
+
+    async def report_rejected(self, s: Session, rejected: Rejected) -> None:
+        """An item the backend refused was skipped: say so on the session's output stream."""
+        e = rejected.error
+        _inputs_rejected.add(1, {"backend": s.spec.backend, "code": e.code})
+        log.info("input_rejected", session_id=s.sid, seq=rejected.seq, code=e.code, detail=e.detail)
+        if self.publish is None:
+            return
+        body = {"type": f"urn:statefleet:error:{e.code}", "title": e.code, "status": e.http_status,
+                "detail": e.detail, "code": e.code, "seq": rejected.seq}
+        chunk = OutputChunk(session_id=s.sid, block=s.blocks_done, kind="input_rejected", dtype="json", shape=[],
+                            part=0, parts=1, data=msgspec.json.encode(body))
+        try:
+            await self.publish(names.output_subject(s.sid), encode(chunk))
+        except nats.errors.Error as err:
+            _output_dropped.add(1, {"reason": type(err).__name__})

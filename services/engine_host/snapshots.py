@@ -12,6 +12,7 @@ from libs.checkpoint import CheckpointStore, clone_tree
 from libs.errors import ConfigError, Conflict, NotFound
 from libs.schemas.base import encode
 from libs.schemas.engine import CheckpointRef
+from services.engine_host.backends.spec import select
 from services.engine_host.boundary import Boundaries
 from services.engine_host.host_endpoint import describe
 from services.engine_host.lifecycle import InThread
@@ -45,7 +46,8 @@ class Snapshots:
         store = self._store()
         s = self.sessions.get(sid)
         async with self.boundaries.hold(s):
-            snapshot = await self.in_thread(clone_tree, s.state, "cpu")
+            # Only the moved leaves: a restore regenerates the others as a move's install does.
+            snapshot = await self.in_thread(clone_tree, select(s.state, s.backend.state_spec()), "cpu")
             desc = describe(s, self.tasks(sid), with_pending=False)
             key = f"{sid}.b{s.blocks_done}"
         m = await store.put(key, snapshot, encode(desc), copy=False)

@@ -2,6 +2,15 @@
 
 A `BlockJob` is one session's block as it crosses the stages; a work carries the jobs of one
 dispatch (a single block, or a coalesced batch of one shape and tier).
+
+An error fails only the session whose block raised it: encode and decode run per session and
+mark just the item that raised; a coalesced denoise that raises is run again one session at a
+time, so the sessions that did not cause it go on. That retry relies on `denoise_batch` changing
+no state before every result is computed (both reference backends write state last).
+
+Encode notes every tensor leaf of the session's state and decode checks each is still there, the same tensor over the same
+memory at the same shape: a backend that rebinds or reshapes a leaf fails its session with an
+error naming the leaf (the mover's manifest and chunk grid depend on a fixed layout).
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from typing import Any
 import torch
 
 from services.engine_host.backends import Output
+from services.engine_host.backends.spec import LeafSnapshot, StateLayoutError
 from services.engine_host.scheduler import Dispatch
 from services.engine_host.session import Session
 from services.engine_host.work import Stage, Work
@@ -27,6 +37,7 @@ class BlockJob:
     replayed: bool = False  # a regeneration of a block recorded in the journal
     carry: Any = None  # what one stage hands the next (the backend's own type)
     output: Output | None = None
+    leaves: LeafSnapshot | None = None  # the state's tensor leaves as the block found them
 
 
 BlockWork = Work[BlockJob, Dispatch]
@@ -35,24 +46,52 @@ BlockWork = Work[BlockJob, Dispatch]
 def encode(work: BlockWork) -> None:
     for it in work.items:
         job = it.data
-        job.carry = job.session.backend.encode(job.session.state, job.inputs)
+        try:
+            job.leaves = LeafSnapshot.take(job.session.state, job.session.backend.state_spec())
+            job.carry = job.session.backend.encode(job.session.state, job.inputs)
+        except Exception as e:
+            it.error = e
 
 
 def denoise(work: BlockWork) -> None:
-    jobs = [it.data for it in work.items]
+    live = [it for it in work.items if it.error is None]
+    if not live:
+        return
+    jobs = [it.data for it in live]
     backend = jobs[0].session.backend
-    carries = backend.denoise_batch([j.session.state for j in jobs], [j.carry for j in jobs], work.meta.tier)
+    try:
+        carries = backend.denoise_batch([j.session.state for j in jobs], [j.carry for j in jobs], work.meta.tier)
+    except Exception:
+        if len(live) == 1:
+            raise
+        for it in live:  # find the session that raised: each alone
+            try:
+                it.data.carry = backend.denoise(it.data.session.state, it.data.carry, work.meta.tier)
+            except Exception as e:
+                it.error = e
+        return
     for j, c in zip(jobs, carries, strict=True):
         j.carry = c
 
 
 def decode(work: BlockWork) -> None:
     for it in work.items:
+        if it.error is not None:
+            continue
         job = it.data
-        out = job.session.backend.decode(job.session.state, job.carry)
-        if out.frames.device.type == "cuda":
-            torch.cuda.synchronize(out.frames.device)
+        try:
+            out = job.session.backend.decode(job.session.state, job.carry)
+            if out.frames.device.type == "cuda":
+                torch.cuda.synchronize(out.frames.device)
+        except Exception as e:
+            it.error = e
+            continue
         job.output = out
+        assert job.leaves is not None
+        try:
+            job.leaves.verify(job.session.state)
+        except StateLayoutError as e:  # only this session fails, not the others of a batch
+            it.error = e
 
 
 def block_stages() -> list[Stage[BlockJob, Dispatch]]:

@@ -43,6 +43,8 @@ ACK_WAIT_S = 5.0
 NET_PAUSE_S = 0.05
 _released = counter("sf_fence_released_items_total", "Items released to a claimed owner")
 _cas_lost = counter("sf_fence_release_cas_lost_total", "Release appends refused because the log moved")
+_malformed = counter("sf_fence_input_batches_malformed_total", "Input-stream messages the gateway skipped")
+_consume_failed = counter("sf_fence_gateway_handle_failed_total", "Fetched batches the gateway failed to handle")
 
 
 class Gateway:
@@ -121,6 +123,11 @@ class Gateway:
                     with contextlib.suppress(Exception):
                         await m.nak()
                 raise
+            except Exception as e:  # a bug or a message no check foresaw: the consumer must go on
+                _consume_failed.add(1)
+                self.log.exception("gateway_handle_failed", error=repr(e))
+                await asyncio.sleep(NET_PAUSE_S)  # unacked: redelivered after ACK_WAIT_S
+                continue
             if not pumped:
                 # Everything fetched had been released by the offer path already: the consumer is only
                 # the net, so let the next deliveries gather instead of waking for every store (that
@@ -133,10 +140,16 @@ class Gateway:
         for m in msgs:
             try:
                 batch = decode(m.data, InputBatch)
-            except errors.StatefleetError:
-                self.log.error("input_batch_undecodable", subject=m.subject)
+                pos = m.metadata.sequence.stream
+            except (errors.StatefleetError, ValueError) as e:
+                _malformed.add(1)
+                self.log.error("input_batch_undecodable", subject=m.subject, error=repr(e))
                 continue
-            pos = m.metadata.sequence.stream
+            if not batch.items or batch.session_id != names.input_session_id(m.subject):
+                # Ingress never stores these; whoever did, nothing in it can be released.
+                _malformed.add(1)
+                self.log.error("input_batch_malformed", subject=m.subject, items=len(batch.items))
+                continue
             by_session[batch.session_id].extend((item, pos) for item in batch.items)
         # Most items were offered by the instance that stored them and are released already: the
         # cached tail says so (as `pump` itself would conclude) without waiting for the session's lock.
@@ -204,4 +217,8 @@ class Gateway:
                                        max_items=self.max_release_items, max_bytes=self.max_release_bytes)
 
     def forget(self, session_id: str) -> None:
+        """A closed session: drop what this instance kept for it (a pump in progress keeps its lock)."""
         self.tails.pop(session_id, None)
+        lock = self._locks.get(session_id)
+        if lock is not None and not lock.locked():
+            del self._locks[session_id]

@@ -1,7 +1,7 @@
 """Ingress: HTTP POST and WebSocket endpoints through which a frontend sends a session's control items.
 
     POST /v1/sessions/{session_id}/items        Authorization: Bearer <input token>
-         {"kind": "text" | "action" | "json", "data": <JSON>}  →  200 {"session_id", "seq"}
+         {"kind": "text" | "action" | "audio" | "json", "data": <JSON>}  (audio: base64 16 kHz s16le PCM)  →  200 {"session_id", "seq"}
     GET  /v1/sessions/{session_id}/ws           (WebSocket, same header, or the token in the first
          message: see libs/ws_auth.py) one item per text frame, each answered {"seq": n} or
          {"error": <problem>} in order; a bad frame does not close it.
@@ -32,6 +32,7 @@ from aiohttp import WSMsgType, web
 
 from libs import errors
 from libs.fence import session_log
+from libs.schemas.fence import SessionMeta
 from libs.ws_auth import Origins, authenticate_first_message
 from services.fence.egress import OPEN_SOCKETS, Egress, close_sockets, track
 from services.fence.gateway import Gateway
@@ -44,7 +45,7 @@ WS_WINDOW = 64  # unanswered frames per WebSocket
 
 
 class Envelope(msgspec.Struct, forbid_unknown_fields=True):
-    kind: Literal["text", "action", "json"]
+    kind: Literal["text", "action", "audio", "json"]
     data: msgspec.Raw
     # The client's id for the item: a resend with an id among the session's recent items is
     # answered with the first copy's seq (and "duplicate": true) and not stored again.
@@ -52,8 +53,9 @@ class Envelope(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _decoder = msgspec.json.Decoder(Envelope)
-# The first byte of the JSON value each kind must carry: text is a string, action/json an object.
-_EXPECTED_START = {"text": ord('"'), "action": ord("{"), "json": ord("{")}
+_text = msgspec.json.Decoder(str)  # a text item's data: checked to be a JSON string by `_parse`
+# The first byte of the JSON value each kind must carry: text/audio a string, action/json an object.
+_EXPECTED_START = {"text": ord('"'), "action": ord("{"), "audio": ord('"'), "json": ord("{")}
 
 
 class Ingress:
@@ -66,7 +68,7 @@ class Ingress:
 
     def app(self) -> web.Application:
         # Headroom over the item size for the envelope; the exact limit is checked per item.
-        app = web.Application(client_max_size=self.max_item_bytes + 1024)
+        app = web.Application(client_max_size=self.max_item_bytes + 1024, middlewares=[_problems])
         app.router.add_post("/v1/sessions/{session_id}/items", self._post)
         app.router.add_get("/v1/sessions/{session_id}/ws", self._ws)
         app.router.add_get("/v1/sessions/{session_id}/output", self._output)
@@ -82,8 +84,9 @@ class Ingress:
     async def submit(self, session_id: str, token: str | None, body: bytes) -> asyncio.Future[Stored]:
         """Authenticate, validate and bound one item, then queue it for storing (in call order)."""
         session_log.check_session_id(session_id)
-        await self.sessions.authenticate(session_id, token)
+        meta = await self.sessions.authenticate(session_id, token)
         kind, data, item_id = self._parse(body)
+        _check_backend_takes(meta, kind, data)
         await self._check_bound(session_id)
         return self.appender.submit(session_id, kind, data, time.time(), item_id)
 
@@ -100,7 +103,7 @@ class Ingress:
                                   size=len(data), max_item_bytes=self.max_item_bytes)
         if not data or data[0] != _EXPECTED_START[env.kind]:
             raise errors.BadRequest(f"a {env.kind} item needs "
-                                    f"{'a JSON string' if env.kind == 'text' else 'a JSON object'}")
+                                    f"{'a JSON string' if env.kind in ('text', 'audio') else 'a JSON object'}")
         return env.kind, data, env.id or ""
 
     async def _check_bound(self, session_id: str) -> None:
@@ -200,6 +203,34 @@ class Ingress:
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.json_response({"ok": True})
+
+
+def _check_backend_takes(meta: SessionMeta, kind: str, data: bytes) -> None:
+    """Refuse what the session's backend would refuse (the kinds and size it declared at registration),
+    so a client hears it now rather than finding the item skipped on the output stream."""
+    if meta.input_kinds and kind not in meta.input_kinds:
+        raise errors.UnsupportedInput(f"backend {meta.backend} takes {'/'.join(meta.input_kinds)} items, not {kind}",
+                                      session_id=meta.session_id, kind=kind, field="kind")
+    if meta.max_input_bytes:
+        size = len(_text.decode(data).encode()) if kind == "text" else len(data)
+        if size > meta.max_input_bytes:
+            raise errors.TooLarge(f"a {kind} item of {size} bytes is over backend {meta.backend}'s "
+                                  f"{meta.max_input_bytes}", size=size, max_input_bytes=meta.max_input_bytes)
+
+
+@web.middleware
+async def _problems(request: web.Request, handler) -> web.StreamResponse:
+    """What the router and body reader refuse (no such route, a wrong method, too large) leaves as
+    problem+json too, like every error of the handlers."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(e.status, "bad_request")
+        body = {"type": f"urn:statefleet:error:{code}", "title": code, "status": e.status, "detail": e.reason,
+                "code": code, "retryable": False}
+        return web.json_response(body, status=e.status, content_type="application/problem+json")
 
 
 def _answer(stored: Stored) -> dict:

@@ -13,7 +13,7 @@ import msgspec
 from aiohttp import web
 
 from libs import bus, names
-from libs.config import BaseConfig, PositiveInt
+from libs.config import BaseConfig, PositiveFloat, PositiveInt
 from libs.fence import ownership, session_log
 from libs.schemas.fence import AssignRequest, CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
 from libs.service import Service
@@ -41,6 +41,12 @@ class FenceConfig(BaseConfig, kw_only=True):
     # Browser origins (besides the ingress's own) whose pages may open session sockets, e.g. the session
     # page admission serves; `statefleet up` sets it. Comma-separated, e.g. "http://127.0.0.1:8700".
     allowed_origins: str = ""
+    # Retention (docs/configuration.md): full, a stream or bucket refuses new writes (503, retryable)
+    # rather than dropping what a live session may need. A closed session's input is purged.
+    session_log_max_bytes: PositiveInt = 1 << 30
+    input_max_bytes: PositiveInt = 8 << 30
+    input_max_age_s: PositiveFloat = 7 * 24 * 3600.0  # older items go: a session must checkpoint within this
+    meta_max_bytes: PositiveInt = 256 << 20
 
 
 class FenceService(Service):
@@ -50,7 +56,9 @@ class FenceService(Service):
 
     async def setup(self) -> None:
         cfg = self.config
-        await session_log.provision(self.js, cfg.nats_replicas)
+        await session_log.provision(self.js, cfg.nats_replicas, session_log.Retention(
+            log_max_bytes=cfg.session_log_max_bytes, input_max_bytes=cfg.input_max_bytes,
+            input_max_age_s=cfg.input_max_age_s, meta_max_bytes=cfg.meta_max_bytes))
         kv = await self.js.key_value(names.FENCE_META_BUCKET)
         self.sessions = Sessions(self.nc, self.js, kv, max_contract_bytes=cfg.max_contract_bytes)
         self.gateway = Gateway(self.nc, self.js, batch=cfg.gateway_batch, max_release_items=cfg.max_release_items,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 
+import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
@@ -22,7 +24,7 @@ from nats.js.kv import KeyValue
 from libs import bus, errors, names
 from libs.fence import core, ownership, session_log
 from libs.schemas.base import decode, encode
-from libs.schemas.common import SessionSummary
+from libs.schemas.common import INPUT_KINDS, SessionSummary
 from libs.schemas.fence import (
     CheckpointRequest,
     CloseReply,
@@ -36,6 +38,10 @@ from libs.schemas.fence import (
 )
 
 _log = structlog.get_logger("statefleet.fence.sessions")
+
+
+# What `secrets.token_urlsafe` issues; anything else (a non-UTF-8 header, a newline) is no token of ours.
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
 def token_digest(token: str) -> bytes:
@@ -54,6 +60,9 @@ class Sessions:
         session_log.check_session_id(req.session_id)
         if not req.backend:
             raise errors.BadRequest("register needs a backend", session_id=req.session_id)
+        if set(req.input_kinds) - set(INPUT_KINDS) or req.max_input_bytes < 0:
+            raise errors.BadRequest(f"input_kinds must be drawn from {INPUT_KINDS}, max_input_bytes >= 0",
+                                    session_id=req.session_id)
         if len(req.contract) > self.max_contract_bytes:
             raise errors.TooLarge(f"contract is {len(req.contract)} bytes (max {self.max_contract_bytes})",
                                   session_id=req.session_id)
@@ -110,19 +119,38 @@ class Sessions:
             except errors.Conflict:
                 continue
             await ownership.update_summary(self.js, req.session_id, new.view)
+            await self._purge_input(req.session_id)
             _log.info("session_closed", session_id=req.session_id, log_seq=new.seq)
             return CloseReply(session_id=req.session_id, log_seq=new.seq)
         raise errors.Conflict("close kept losing the race", session_id=req.session_id)
 
+    async def _purge_input(self, session_id: str) -> None:
+        """A closed session's stored input is never released again (its log ends in Close): free it."""
+        try:
+            await self.js.purge_stream(names.INPUT_STREAM, subject=names.input_subject(session_id))
+        except (nats.errors.Error, nats.js.errors.Error) as e:  # retention ages it out anyway
+            _log.warning("input_purge_failed", session_id=session_id, error=repr(e))
+
     # -------------------------------------------------------------- ingress side
 
     async def authenticate(self, session_id: str, token: str | None) -> SessionMeta:
-        """The session's metadata if `token` is its input token (constant-time compare, never logged)."""
+        """The session's metadata if `token` is its input token (constant-time compare, never logged).
+
+        An unknown session answers exactly as a wrong token does, so the answers never tell
+        which session ids exist; a token that is not of the form fence issues is refused before
+        any lookup. A closed session's token no longer works."""
+        session_log.check_session_id(session_id)
+        if not token or not _TOKEN.fullmatch(token):
+            raise errors.Unauthorized("missing or wrong input token", session_id=session_id)
         meta = self._cache.get(session_id)
         if meta is None:
-            meta, _ = await self._read(session_id)
-            self._cache[session_id] = meta
-        if not token or not hmac.compare_digest(token_digest(token), meta.token_sha256):
+            try:
+                meta, _ = await self._read(session_id)
+            except errors.NotFound:
+                raise errors.Unauthorized("missing or wrong input token", session_id=session_id) from None
+            if not meta.closed:
+                self._cache[session_id] = meta
+        if not hmac.compare_digest(token_digest(token), meta.token_sha256):
             raise errors.Unauthorized("missing or wrong input token", session_id=session_id)
         if meta.closed:
             raise errors.Conflict("the session is closed", session_id=session_id)
@@ -145,5 +173,8 @@ class Sessions:
             await self.kv.update(meta.session_id, encode(meta), last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
-        self._cache[meta.session_id] = meta
+        if meta.closed:
+            self._cache.pop(meta.session_id, None)
+        else:
+            self._cache[meta.session_id] = meta
         return True

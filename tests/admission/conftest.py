@@ -81,5 +81,8 @@ async def admission(start_admission, placement, fleet):
 
 @pytest.fixture
 async def http(admission):
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{admission.http_port}") as session:
+    # the admin's credential on every request, as `statefleet session` sends it; tests of the
+    # credential itself pass their own header
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{admission.http_port}",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as session:
         yield session

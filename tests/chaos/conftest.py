@@ -62,7 +62,8 @@ class Drill:
         self.stack.start()
         await self.stack.ready()
         self.nc = await bus.connect(self.stack.cli_url(), name="chaos-observer")
-        self.http = aiohttp.ClientSession()
+        # Creation needs the admin credential; item posts carry their session's token instead.
+        self.http = aiohttp.ClientSession(headers=self.stack.admin_headers())
         return self
 
     async def open(self, n: int) -> list[SessionClient]:

@@ -10,6 +10,7 @@ import torch
 from libs.checkpoint import clone_tree, trees_equal
 from libs.errors import BadRequest, TooLarge
 from libs.schemas.common import InputItem
+from libs.schemas.engine import SessionInit
 from services.engine_host.backends import AvatarBackend, WorldBackend, WorldConfig, advance
 
 
@@ -18,7 +19,7 @@ def item(kind: str, value, seq: int = 1) -> InputItem:
 
 
 def run(backend, seed: int, inputs_per_block: list[list], tier: int):
-    state = backend.init_state(seed, "a prompt")
+    state = backend.init_state(seed, SessionInit(prompt="a prompt"))
     outs = [advance(backend, state, inputs, tier) for inputs in inputs_per_block]
     return state, outs
 
@@ -54,7 +55,7 @@ def test_inputs_change_the_world():
 
 def test_world_rewrites_three_quarters_of_its_window_in_place():
     w = WorldBackend()
-    state = w.init_state(5, "")
+    state = w.init_state(5, SessionInit())
     kv = state["kv"]
     for _ in range(3):
         before = kv.clone()
@@ -70,13 +71,13 @@ def test_world_cache_size_is_configurable():
     assert WorldConfig.for_state_bytes(4 << 30).state_bytes > 4e9
     small = WorldConfig()
     assert small.cache_bytes < 1 << 20
-    assert small.state_bytes == sum(t.numel() * t.element_size() for k, t in WorldBackend(small).init_state(1, "").items()
+    assert small.state_bytes == sum(t.numel() * t.element_size() for k, t in WorldBackend(small).init_state(1, SessionInit()).items()
                                     if k in ("kv", "pos", "latent", "action"))
 
 
 def test_fewer_denoise_steps_differ_and_state_depends_on_tier():
     w = WorldBackend()
-    s1, s2 = w.init_state(1, ""), w.init_state(1, "")
+    s1, s2 = w.init_state(1, SessionInit()), w.init_state(1, SessionInit())
     o1 = advance(w, s1, [], 1)
     o2 = advance(w, s2, [], 4)
     assert not torch.equal(o1.frames, o2.frames)
@@ -105,7 +106,7 @@ def test_avatar_rejects_bad_inputs():
 @pytest.mark.parametrize("make", [WorldBackend, AvatarBackend])
 def test_batched_denoise_matches_single_blocks(make):
     b = make()
-    states = [b.init_state(s, "p") for s in (1, 2, 3)]
+    states = [b.init_state(s, SessionInit(prompt="p")) for s in (1, 2, 3)]
     twins = clone_tree(states)
     carries = [b.encode(s, []) for s in states]
     batched = b.denoise_batch(states, carries, b.tiers[0])

@@ -58,16 +58,20 @@ async def test_inputs_apply_in_order_and_bad_ones_change_nothing(runtime):
     assert await runtime.apply_input(action("w1", 1)) == 1
     before = runtime.info("w1")
     state = clone_tree(runtime.state_tree("w1"))
-    for bad, err in [(action("w1", 1), Conflict), (action("w1", 3), Conflict), (text("w1", 2, "hi"), BadRequest),
-                     (action("nope", 1), NotFound),
-                     (InputItem(session_id="w1", seq=2, kind="action", data=b'{"keys": ["?"]}'), BadRequest)]:
+    for bad, err in [(action("w1", 1), Conflict), (action("w1", 3), Conflict), (action("nope", 1), NotFound)]:
         with pytest.raises(err):
             await runtime.apply_input(bad)
     assert runtime.info("w1") == before and trees_equal(state, runtime.state_tree("w1"))
-    await runtime.apply_input(action("w1", 2))
+    # items the backend refuses are skipped: each takes its seq, changes no state, and is counted
+    assert await runtime.apply_input(text("w1", 2, "hi")) == 2
+    assert await runtime.apply_input(InputItem(session_id="w1", seq=3, kind="action", data=b'{"keys": ["?"]}')) == 3
+    info = runtime.info("w1")
+    assert (info.input_cursor, info.rejected_inputs, info.last_rejected_seq) == (3, 2, 3)
+    assert "keys" in info.last_rejected_detail and trees_equal(state, runtime.state_tree("w1"))
+    await runtime.apply_input(action("w1", 4))
     await runtime.advance("w1", 2)
     info = runtime.info("w1")
-    assert info.consumed_seq == 2 and info.blocks_done == 2
+    assert info.consumed_seq == 4 and info.blocks_done == 2
     m = runtime.metrics("w1")
     assert m.blocks == 2 and m.control_to_output_p50_ms > 0 and {s.stage for s in m.stages} == {
         "encode", "denoise", "decode"}

@@ -28,7 +28,7 @@ async def test_bad_items_get_problem_json_and_store_nothing(fence, nc, http):
         ("s1", token, big, 413, "too_large"),
         ("s1", None, {"kind": "text", "data": "x"}, 401, "unauthorized"),
         ("s1", token + "x", {"kind": "text", "data": "x"}, 401, "unauthorized"),
-        ("nope", token, {"kind": "text", "data": "x"}, 404, "not_found"),
+        ("nope", token, {"kind": "text", "data": "x"}, 401, "unauthorized"),  # as a wrong token: no oracle
         ("bad.id", token, {"kind": "text", "data": "x"}, 400, "bad_request"),
     ]
     for sid, tok, body, status, code in cases:

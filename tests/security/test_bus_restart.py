@@ -20,6 +20,7 @@ from libs import bus, names
 from libs.natsd import free_port
 from libs.schemas.base import decode
 from libs.schemas.engine import OutputChunk, SessionInfo, SessionRef
+from statefleet import admin_token
 
 ITEMS_BEFORE, ITEMS_TOTAL = 10, 40
 
@@ -85,9 +86,12 @@ async def _scenario(data_dir, admission_port: int) -> None:
     try:
         async with aiohttp.ClientSession() as http:
             async def create():
-                body = {"contract": {"session_class": "C1", "period_ms": 200, "quality_floor": 1,
+                # C1 without period_ms: admission takes the backend's media per block (400 ms for avatar)
+                body = {"contract": {"session_class": "C1", "quality_floor": 1,
                                      "determinism": "T1"}, "backend": "avatar", "seed": 3}
-                async with http.post(f"http://127.0.0.1:{admission_port}/v1/sessions", json=body) as r:
+                headers = {"Authorization": f"Bearer {admin_token.read(data_dir)}"}  # `up` generated it
+                async with http.post(f"http://127.0.0.1:{admission_port}/v1/sessions", json=body,
+                                     headers=headers) as r:
                     return await r.json() if r.status in (200, 201) else None
 
             created = await _wait(create, 60, "session created")

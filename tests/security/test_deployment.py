@@ -24,16 +24,17 @@ COMPOSE = ROOT / "compose"
 UNITS = sorted((COMPOSE / "systemd").glob("*.service"))
 
 
-def _compose() -> dict:
-    return yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+def _compose(name: str = "docker-compose.yml") -> dict:
+    return yaml.safe_load((COMPOSE / name).read_text())
 
 
 def _validator() -> jsonschema.Draft7Validator:
     return jsonschema.Draft7Validator(json.loads((COMPOSE / "schema" / "compose-spec.json").read_text()))
 
 
-def test_compose_file_is_valid_compose():
-    errors = sorted(str(e.message) for e in _validator().iter_errors(_compose()))
+@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.monitoring.yml"])
+def test_compose_file_is_valid_compose(name):
+    errors = sorted(str(e.message) for e in _validator().iter_errors(_compose(name)))
     assert errors == []
 
 

@@ -217,6 +217,7 @@ function onOwner(owner) {
 }
 
 function onChunk(chunk) {
+  if (chunk.kind !== "frames" && chunk.kind !== "audio") return; // e.g. input_rejected: no media to draw
   if (chunk.block <= page.lastBlock) { // shown already: a replay after a move or failover, or a resend
     if (chunk.part === 0 && chunk.kind === "frames") { page.replays++; sf.setText("replays", page.replays); }
     return;

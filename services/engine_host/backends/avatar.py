@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from libs.errors import BadRequest, TooLarge
 from libs.schemas.common import InputItem
+from libs.schemas.engine import SessionInit
 from services.engine_host.backends.base import WEIGHT_SEED, Output, block_generator, weights
 
 
@@ -42,6 +43,7 @@ class AvatarConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 class AvatarBackend:
     name: ClassVar[str] = "avatar"
+    config_type: ClassVar[type] = AvatarConfig
     input_kinds = frozenset({"text"})
     batchable = True
 
@@ -50,6 +52,7 @@ class AvatarBackend:
         self.device = torch.device(device)
         self.tiers = tuple(sorted(c.tiers))
         self.media_s_per_block = c.frames / c.fps
+        self.max_input_bytes = c.text_max_bytes  # declared in the profile, so ingress refuses longer text
         g = torch.Generator().manual_seed(WEIGHT_SEED + 1)
         D, dev = c.d_model, self.device
         self.byte_emb = weights((256, D), g, dev, scale=1.0)
@@ -62,9 +65,9 @@ class AvatarBackend:
     def config_bytes(self) -> bytes:
         return msgspec.msgpack.encode(self.config)
 
-    def init_state(self, seed: int, prompt: str) -> dict:
+    def init_state(self, seed: int, init: SessionInit) -> dict:
         c = self.config
-        g = block_generator(seed, -1, crc32c.crc32c(prompt.encode()))
+        g = block_generator(seed, -1, crc32c.crc32c(init.prompt.encode()))
         return {
             "speaker": torch.randn(c.d_model, generator=g).to(self.device),
             "prosody": torch.zeros((c.prosody_len, c.d_model), device=self.device),

@@ -1,11 +1,11 @@
 """The backend interface every model implements, as three stages: encode → denoise → decode.
 
-A session's state is a tree (dict) of tensors and scalar control values that the
-backend creates from a seed and prompt and then advances one block at a time.
-A session has at most one block in flight, so its state is touched by one stage
-at a time, while different sessions' blocks are in different stages. Weights are
-generated from a fixed seed; for the same seed, prompt and inputs a backend
-is bit-exact on the same machine.
+A session's state is a tree (nested dicts and lists) of tensors and scalar control values that
+the backend creates from a seed and its init inputs (`SessionInit`: prompt, image, audio) and
+then advances one block at a time, writing every tensor leaf in place (see `spec`). A session has
+at most one block in flight, so its state is touched by one stage at a time, while different
+sessions' blocks are in different stages. For the same seed, init inputs and inputs a backend is
+bit-exact on the same machine. `docs/backends.md` is the porting guide.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from libs.errors import ConfigError
 from libs.schemas.common import InputItem
+from libs.schemas.engine import SessionInit
+from services.engine_host.backends import spec as specs
 
 WEIGHT_SEED = 20260101  # weights are a pure function of this seed and the backend's config
 
@@ -29,20 +32,28 @@ class Output:
 
 
 class Backend(Protocol):
+    """Built as `cls(config, device)` from its msgpack `config_type`, once per (name, config) on a
+    host and shared by every session of that config. Optional hooks (see the helpers below):
+    `rebuild(state)` (required when the spec has `rebuildable` leaves), `forward_passes(tier)`,
+    `block_media_s(block)`."""
+
     name: ClassVar[str]
+    config_type: ClassVar[type]
     device: torch.device
-    tiers: tuple[int, ...]  # the quality ladder: denoise steps, ascending
-    media_s_per_block: float
+    tiers: tuple[int, ...]  # the quality ladder, ascending: how many denoise steps a block takes
+    media_s_per_block: float  # steady state; `block_media_s` when the first block differs
     input_kinds: frozenset[str]
+    # Optional `max_input_bytes: int`: the largest item value it takes (text: UTF-8 bytes), published in
+    # its profile rows so ingress refuses bigger items at the door (absent: ingress's own limit only).
     batchable: bool  # denoise_batch coalesces several sessions' blocks of one shape
 
     def config_bytes(self) -> bytes: ...
 
-    def init_state(self, seed: int, prompt: str) -> dict: ...
+    def init_state(self, seed: int, init: SessionInit) -> dict: ...
 
     def state_spec(self) -> dict:
-        """The state tree's layout (for the mover's manifest and to check installed trees):
-        tensor leaves as (dtype, shape), scalar control values as their Python type."""
+        """The state tree's layout (for the mover's manifest and to check installed trees): nested
+        dicts/lists of `spec.TensorSpec` (or `(dtype, shape)`, a moved leaf) and scalar types."""
         ...
 
     def parse_input(self, item: InputItem) -> Any:
@@ -63,11 +74,35 @@ def advance(backend: Backend, state: dict, inputs: list[Any], steps: int) -> Out
     return backend.decode(state, backend.denoise(state, backend.encode(state, inputs), steps))
 
 
-def block_generator(seed: int, block: int, salt: int = 0) -> torch.Generator:
-    """The noise of one block: a pure function of the session seed and block index."""
-    g = torch.Generator(device="cpu")
+def block_generator(seed: int, block: int, salt: int = 0, device: torch.device | str = "cpu") -> torch.Generator:
+    """The noise of one block: a pure function of the session seed and block index, drawn by a
+    generator of its own on the session's device (never the global RNG, which sessions share)."""
+    g = torch.Generator(device=device)
     g.manual_seed((seed * 1_000_003 + block * 7919 + salt) % (2**63 - 1))
     return g
+
+
+def check_backend(backend: Backend) -> None:
+    """Refuse a backend whose spec needs a hook it lacks (at build time, not at the first move)."""
+    spec = backend.state_spec()
+    roles = {leaf.role for _, leaf in specs.leaves(spec) if isinstance(leaf, specs.TensorSpec)}
+    if "rebuildable" in roles and not callable(getattr(backend, "rebuild", None)):
+        raise ConfigError(f"backend {backend.name} declares rebuildable leaves but has no rebuild(state)",
+                          backend=backend.name)
+
+
+def forward_passes(backend: Backend, tier: int) -> int:
+    """Model forwards one block takes at `tier`: the denoise steps, plus a clean pass where the
+    backend runs one to write its caches (what a quantum's cost scales with)."""
+    hook = getattr(backend, "forward_passes", None)
+    return hook(tier) if hook is not None else tier
+
+
+def block_media_s(backend: Backend, block: int) -> float:
+    """Media seconds block `block` (0-based) produces; the first block may differ (a causal VAE
+    decodes its first latent frame to one frame)."""
+    hook = getattr(backend, "block_media_s", None)
+    return hook(block) if hook is not None else backend.media_s_per_block
 
 
 def weights(shape: tuple[int, ...], g: torch.Generator, device: torch.device, scale: float | None = None) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from libs.errors import BadRequest
 from libs.schemas.common import InputItem
+from libs.schemas.engine import SessionInit
 from services.engine_host.backends.base import WEIGHT_SEED, Output, block_generator, weights
 
 KEYS = ("w", "a", "s", "d", "space", "shift")
@@ -67,6 +68,7 @@ class WorldConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 class WorldBackend:
     name: ClassVar[str] = "world"
+    config_type: ClassVar[type] = WorldConfig
     input_kinds = frozenset({"action"})
     batchable = True
 
@@ -93,9 +95,9 @@ class WorldBackend:
 
     # ------------------------------------------------------------ state
 
-    def init_state(self, seed: int, prompt: str) -> dict:
+    def init_state(self, seed: int, init: SessionInit) -> dict:
         c = self.config
-        g = block_generator(seed, -1, crc32c.crc32c(prompt.encode()))
+        g = block_generator(seed, -1, crc32c.crc32c(init.prompt.encode()))
         kv = (torch.randn((c.layers, 2, c.window, c.d_model), generator=g) * 0.1).to(self.device)
         return {
             "kv": kv,
