@@ -91,8 +91,10 @@ async def post_until_acked(http: aiohttp.ClientSession, url: str, token: str, it
         await asyncio.sleep(0.1)
 
 
-def c1_contract(period_ms: float, floor: int = 1, determinism: str = "T1") -> dict:
-    return {"session_class": "C1", "period_ms": period_ms, "quality_floor": floor, "determinism": determinism}
+def c1_contract(period_ms: float | None = None, floor: int = 1, determinism: str = "T1") -> dict:
+    """A C1 contract; without `period_ms` admission completes it from the backend (one block per its media)."""
+    contract = {"session_class": "C1", "quality_floor": floor, "determinism": determinism}
+    return contract if period_ms is None else {**contract, "period_ms": period_ms}
 
 
 async def create(http: aiohttp.ClientSession, admission_url: str, contract: dict, *, backend: str = "avatar",
@@ -118,6 +120,6 @@ async def open_session(nc, http: aiohttp.ClientSession, admission_url: str, cont
             raise AssertionError("no session created")
         await asyncio.sleep(0.5)
     client = SessionClient(sid=body["session_id"], token=body["input_token"], input_url=body["input_url"],
-                           host_id=body["host_id"], period_s=contract["period_ms"] / 1000)
+                           host_id=body["host_id"], period_s=body["contract"]["period_ms"] / 1000)
     await bus.subscribe_events(nc, names.output_subject(client.sid), OutputChunk, client.on_chunk)
     return client

@@ -124,7 +124,10 @@ async def run_level(level: float, capacity: int | None, args, tmp: Path) -> dict
         nc = await bus.connect(stack.cli_url(), name="bench-load")
         contract = c1_contract(args.period_ms)
         hosts = await live_hosts(nc, args.engines)
-        here = admitted_capacity(hosts, msgspec.convert(contract, Contract), "avatar",
+        # Admission completes a contract without a period from the backend (one block per its media).
+        row = min((r for r in hosts[0].profile if r.backend == "avatar"), key=lambda r: r.tier)
+        period_ms = args.period_ms or row.media_s_per_block * 1000
+        here = admitted_capacity(hosts, msgspec.convert({**contract, "period_ms": period_ms}, Contract), "avatar",
                                  Guard(max_sessions=args.slots_per_host))
         capacity = capacity or here
         offered = max(1, round(level * capacity))
@@ -135,7 +138,8 @@ async def run_level(level: float, capacity: int | None, args, tmp: Path) -> dict
             for kind, body in outcomes:
                 if kind == "admitted":
                     c = SessionClient(sid=body["session_id"], token=body["input_token"], input_url=body["input_url"],
-                                      host_id=body.get("host_id", ""), period_s=args.period_ms / 1000)
+                                      host_id=body.get("host_id", ""),
+                                      period_s=body["contract"]["period_ms"] / 1000)
                     await bus.subscribe_events(nc, names.output_subject(c.sid), OutputChunk, c.on_chunk)
                     c.start_input(http, args.item_every_s)
                     clients.append(c)
@@ -189,7 +193,8 @@ def main() -> None:
     p = common.parser("load", __doc__.splitlines()[0])
     p.add_argument("--engines", type=int, default=None, help="engine hosts (default 2, quick 1)")
     p.add_argument("--seconds", type=float, default=None, help="how long admitted sessions run (default 20, quick 8)")
-    p.add_argument("--period-ms", type=float, default=200.0)
+    p.add_argument("--period-ms", type=float, default=None,
+                   help="C1 period (default: the backend's own, one block per its media)")
     p.add_argument("--item-every-s", type=float, default=0.2)
     p.add_argument("--slots-per-host", type=int, default=None,
                    help="admission's session slots per host (default 16, quick 8): on a small CPU the avatar's "

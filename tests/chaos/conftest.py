@@ -29,7 +29,6 @@ RESULTS = Path(__file__).resolve().parents[2] / "var" / "chaos" / "results.json"
 # keeps two engine hosts from oversubscribing a small CPU.
 STACK_ENV = {"SF_HEARTBEAT_S": "0.5", "SF_CHECKPOINT_EVERY_S": "1.0", "SF_ORPHAN_GRACE_S": "1.0",
              "SF_TORCH_THREADS": "1", "SF_PROFILE_BLOCKS": "2"}
-PERIOD_MS = 200.0
 ITEM_EVERY_S = 0.1
 
 
@@ -68,7 +67,7 @@ class Drill:
 
     async def open(self, n: int) -> list[SessionClient]:
         for i in range(n):
-            c = await open_session(self.nc, self.http, self.stack.admission_url, c1_contract(PERIOD_MS), seed=i + 1)
+            c = await open_session(self.nc, self.http, self.stack.admission_url, c1_contract(), seed=i + 1)
             c.start_input(self.http, ITEM_EVERY_S)
             self.clients.append(c)
         await self.serving()

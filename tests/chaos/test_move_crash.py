@@ -15,7 +15,7 @@ import pytest
 from bench.frontend import c1_contract, open_session
 from libs import bus, names
 from libs.schemas.motion import MoveReceipt, MoveRequest
-from tests.chaos.conftest import PERIOD_MS, assert_clean, record
+from tests.chaos.conftest import assert_clean, record
 
 pytestmark = pytest.mark.chaos
 
@@ -54,7 +54,7 @@ async def test_mover_and_placement_killed_mid_move(drill, chaos_results):
         await asyncio.sleep(0.1)
     assert receipts, "the restarted mover never closed the move out"
     # Placement is back: a new session is admitted and placed without anyone restarting anything.
-    extra = await open_session(d.nc, d.http, d.stack.admission_url, c1_contract(PERIOD_MS), seed=99)
+    extra = await open_session(d.nc, d.http, d.stack.admission_url, c1_contract(), seed=99)
     extra.start_input(d.http, 0.1)
     d.clients.append(extra)
     await d.serving()
