@@ -1,4 +1,4 @@
-"""State-motion benchmark: verified TCP vs verify-off vs raw socket, same-node move vs copy vs save/load.
+"""State-motion benchmark: shared memory vs memcpy, cold vs warm, Mooncake vs itself, TCP vs raw, same-node.
 
     python -m bench.mover [--quick] [--size-mib N] --json PATH
 
@@ -16,22 +16,27 @@ import os
 import resource
 import secrets
 import socket
+import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from bench import common, mover_faults
 from libs import bus, names
 from libs.errors import NotFound, Unauthorized
-from libs.motion import crc, manifest, netio
+from libs.motion import crc, manifest, mooncake, netio
 from libs.motion.endpoint import MotionEndpoint
+from libs.motion.mooncake import MooncakeChannel, MooncakeEngine
+from libs.motion.pool import StagingPool
 from libs.motion.receiver import DataPlane
-from libs.motion.sender import chunk_grid, send_chunks
-from libs.motion.slot import ShadowSlot
+from libs.motion.sender import chunk_grid, leaf_crcs_from_chunks, send_chunks
+from libs.motion.shm import ShmChannel
+from libs.motion.slot import ShadowSlot, staged_digest
 from libs.motion.tcp import TcpChannel
 from libs.natsd import NatsServer
 from libs.schemas.motion import (
@@ -46,7 +51,8 @@ from libs.schemas.motion import (
     Verified,
 )
 
-TARGETS = {"verified_over_unverified": ">= 0.95", "samenode_over_raw_copy": "<= 1.5",
+TARGETS = {"shm_over_memcpy": ">= 0.6", "cold_over_warm": "<= 1.2", "mooncake_verified_over_raw": ">= 0.9",
+           "verified_over_unverified": ">= 0.95", "samenode_over_raw_copy": "<= 1.5",
            "save_load_over_move": "as large as it gets (published: 101x)", "corrupt_installs": "== 0",
            "bit_identical": "true"}
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.uint8)
@@ -74,15 +80,21 @@ def make_state(size_mib: int, leaf_mib: int = 16) -> dict:
 async def _receive_forever(n_tokens: int, state_bytes: int) -> None:
     tokens = [secrets.token_hex(16) for _ in range(n_tokens)]
     unused = set(tokens)
+    # Every slot comes from one pre-faulted pool (as on an engine host with `staging_pool_bytes` set), so
+    # each transport is measured into warm memory, as the raw baseline is.
+    arena = StagingPool(state_bytes + (4 << 20))
+    engine = MooncakeEngine() if mooncake.TransferEngine is not None else None
+    if engine is not None:
+        engine.register_pool(arena)
 
     def claim(token: str) -> ShadowSlot:
-        # Only the connection holds the slot: its staged bytes are freed when the transfer ends.
+        # Only the connection holds the slot: its staged bytes go back to the pool when the transfer ends.
         if token not in unused:
             raise Unauthorized("bad token")
         unused.discard(token)
-        return ShadowSlot("s", token, token, state_bytes, torch.device("cpu"), lease_s=3600)
+        return ShadowSlot("s", token, token, state_bytes, torch.device("cpu"), lease_s=3600, staging=arena)
 
-    plane = DataPlane(claim)
+    plane = DataPlane(claim, mooncake_engine=engine)
     addr = await plane.start()
     print(json.dumps({"addr": addr, "tokens": tokens}), flush=True)
     raw = socket.socket()
@@ -95,11 +107,12 @@ async def _receive_forever(n_tokens: int, state_bytes: int) -> None:
 
 
 def _raw_sink(raw: socket.socket, state_bytes: int) -> None:
-    """The raw baseline: plain blocking recv_into a fresh state-sized buffer, no framing, no checks."""
+    """The raw baseline: plain blocking recv_into one preallocated, touched state-sized buffer (reused by
+    every run, so it measures the socket, not page faults), no framing, no checks."""
+    dest = memoryview(torch.zeros(state_bytes, dtype=torch.uint8).numpy())
     while True:
         conn, _ = raw.accept()
         netio.tune(conn)
-        dest = memoryview(torch.empty(state_bytes, dtype=torch.uint8).numpy())
         got = 0
         with conn:
             while got < state_bytes and (n := conn.recv_into(dest[got:got + CHUNK])):
@@ -120,6 +133,68 @@ async def tcp_rate(addr: str, token: str, flat: manifest.Flat, chunk: int, verif
     return layout.total_bytes / seconds
 
 
+async def shm_rate(addr: str, token: str, flat: manifest.Flat, chunk: int) -> float:
+    """A verified cross-process same-machine move: written into the receiver's pooled slot, every chunk
+    checksummed on both sides, the receiver's digest checked."""
+    layout = manifest.build("s", flat, [0] * len(flat.tensors))
+    t0 = time.perf_counter()
+    ch = await ShmChannel.open(addr, token, layout, chunk)
+    crcs = await send_chunks(ch, flat, chunk_grid(flat, chunk), bounce=False)
+    digest = await ch.finish()
+    seconds = time.perf_counter() - t0
+    await ch.close()
+    assert digest == staged_digest(leaf_crcs_from_chunks(flat, chunk_grid(flat, chunk), crcs))
+    return layout.total_bytes / seconds
+
+
+async def mooncake_verified_rate(engine: MooncakeEngine, addr: str, token: str, flat: manifest.Flat,
+                                 chunk: int) -> float:
+    layout = manifest.build("s", flat, [0] * len(flat.tensors))
+    t0 = time.perf_counter()
+    ch = await MooncakeChannel.open(engine, addr, token, layout, chunk)
+    await send_chunks(ch, flat, chunk_grid(flat, chunk), bounce=False)
+    await ch.finish()
+    seconds = time.perf_counter() - t0
+    await ch.close()
+    return layout.total_bytes / seconds
+
+
+class MooncakeRaw:
+    """The field's library on its own: the same bytes, 4 MiB writes, the same number in flight, into a
+    registered preallocated buffer; no frames, no CRCs."""
+
+    def __init__(self, flat: manifest.Flat) -> None:
+        self.src, self.dst = MooncakeEngine(), MooncakeEngine()
+        self.views = [manifest.crc.byte_view(t) for t in flat.tensors]
+        self.total = sum(v.numel() for v in self.views)
+        self.sink = torch.zeros(self.total, dtype=torch.uint8)
+        self.dst.register(self.sink)
+        for v in self.views:
+            self.src.register(v)
+
+    def rate(self) -> float:
+        t0 = time.perf_counter()
+        inflight: list[int] = []
+        at = 0
+        for v in self.views:
+            for off in range(0, v.numel(), CHUNK):
+                n = min(CHUNK, v.numel() - off)
+                inflight.append(self.src.submit(self.dst.session, v.data_ptr() + off, self.sink.data_ptr() + at, n))
+                at += n
+                while len(inflight) >= mooncake.INFLIGHT:
+                    self.src.wait(inflight.pop(0))
+        for batch in inflight:
+            self.src.wait(batch)
+        return self.total / (time.perf_counter() - t0)
+
+
+def memcpy_rate(src: np.ndarray, dst: np.ndarray) -> float:
+    """A warm single-threaded copy of the state between two preallocated, touched buffers."""
+    t0 = time.perf_counter()
+    np.copyto(dst, src)
+    return src.nbytes / (time.perf_counter() - t0)
+
+
 def raw_rate(port: int, flat: manifest.Flat) -> float:
     views = [manifest.crc.byte_view(t).numpy() for t in flat.tensors]
     total = sum(v.nbytes for v in views)
@@ -134,7 +209,9 @@ def raw_rate(port: int, flat: manifest.Flat) -> float:
         return total / (time.perf_counter() - t0)
 
 
-async def samenode(tree: dict, nc) -> tuple[float, bool, dict[str, float]]:
+async def samenode(tree: dict, nc, staging_bytes: int = 0, runs: int = 1) -> list[tuple[float, bool, dict, str]]:
+    """`runs` in-process moves of `tree` into one destination endpoint (a staging pool of `staging_bytes`,
+    made and pre-faulted before the first move), each installed and then dropped again."""
     class Host:
         def __init__(self) -> None:
             self.device, self.trees, self.locks = torch.device("cpu"), {}, {}
@@ -158,10 +235,20 @@ async def samenode(tree: dict, nc) -> tuple[float, bool, dict[str, float]]:
 
     a, b = Host(), Host()
     a.trees["s"] = tree
-    ea, eb = MotionEndpoint(nc, "bench-a", a), MotionEndpoint(nc, "bench-b", b)
+    ea, eb = MotionEndpoint(nc, "bench-a", a), MotionEndpoint(nc, "bench-b", b, staging_bytes=staging_bytes)
     await ea.start()
     await eb.start()
+    out = []
+    for i in range(runs):
+        out.append(await _one_move(nc, a, b, tree, f"x{i}"))
+        a.trees["s"] = tree  # the next run moves the same state again: the destination lets its copy go
+        await b.drop_session("s")
+    await ea.stop()
+    await eb.stop()
+    return out
 
+
+async def _one_move(nc, a, b, tree: dict, move_id: str) -> tuple[float, bool, dict[str, float], str]:
     def subj(h, v):
         return names.engine_subject(h, v)
 
@@ -179,27 +266,26 @@ async def samenode(tree: dict, nc) -> tuple[float, bool, dict[str, float]]:
                           Manifest, timeout_s=60)
     lap("register_ms")
     v = await bus.request(nc, subj("bench-b", "admit"), AdmitMove(
-        session_id="s", move_id="x", state_bytes=m.total_bytes, dirty_rate_bps=0, horizon_s=600,
+        session_id="s", move_id=move_id, state_bytes=m.total_bytes, dirty_rate_bps=0, horizon_s=600,
         bandwidth_bps=1e10), AdmitVerdict)
     lap("admit_ms")
     r = await bus.request(nc, subj("bench-a", "migrate"), Migrate(
-        session_id="s", move_id="x", dest_host="bench-b", dest_addr=v.data_addr, token=v.token,
+        session_id="s", move_id=move_id, dest_host="bench-b", dest_addr=v.data_addr, token=v.token,
         chunk_bytes=4 << 20), MigrateResult, timeout_s=600)
     lap("migrate_ms")
-    slot = SlotRequest(session_id="s", move_id="x", manifest=r.manifest)
-    ok = (await bus.request(nc, subj("bench-b", "verify"), slot, Verified, timeout_s=600)).ok
+    slot = SlotRequest(session_id="s", move_id=move_id, manifest=r.manifest)
+    verified = await bus.request(nc, subj("bench-b", "verify"), slot, Verified, timeout_s=600)
+    ok = verified.ok
     lap("verify_ms")
     await bus.request(nc, subj("bench-b", "commit"), slot, SlotDone, timeout_s=600)
-    await bus.request(nc, subj("bench-a", "commit"), SlotRequest(session_id="s", move_id="x"), SlotDone)
+    await bus.request(nc, subj("bench-a", "commit"), SlotRequest(session_id="s", move_id=move_id), SlotDone)
     lap("commit_ms")
     ms = (time.perf_counter() - t0) * 1e3
     moved = manifest.flatten(b.trees["s"]).tensors
     src = manifest.flatten(tree).tensors
     identical = ok and all(torch.equal(manifest.crc.byte_view(x), manifest.crc.byte_view(y))
                            for x, y in zip(moved, src, strict=True))
-    await ea.stop()
-    await eb.stop()
-    return ms, identical, stages
+    return ms, identical, stages, verified.staging
 
 
 def raw_copy_ms(tree: dict) -> float:
@@ -234,7 +320,7 @@ async def main_async(args) -> dict:
     flat = manifest.flatten(tree)
     total = sum(t.numel() * t.element_size() for t in flat.tensors)
     reps = 1 if args.quick else 5
-    n_tokens = 2 * reps * (1 + len(chunk_sizes))
+    n_tokens = 2 * reps * (2 + len(chunk_sizes))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.mover", "--receiver", str(n_tokens), str(total), "--json", "/dev/null",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -243,10 +329,23 @@ async def main_async(args) -> dict:
         raw_port = json.loads(await proc.stdout.readline())["raw_port"]
         tokens = iter(hello["tokens"])
         verified, unverified, raw = [], [], []
-        for _ in common.progress(range(reps), reps, "tcp loopback"):
+        memcpy, shm_runs, mc_raw, mc_verified = [], [], [], []
+        src = np.concatenate([manifest.crc.byte_view(t).numpy() for t in flat.tensors])
+        dst = np.zeros_like(src)
+        sender_engine = MooncakeEngine() if mooncake.TransferEngine is not None else None
+        plain = MooncakeRaw(flat) if sender_engine is not None else None
+        # One round = every transport once, back to back, so load from other jobs hits them alike.
+        for _ in common.progress(range(reps), reps, "interleaved rounds"):
+            memcpy.append(memcpy_rate(src, dst))
+            shm_runs.append(await shm_rate(hello["addr"], next(tokens), flat, CHUNK))
             unverified.append(await tcp_rate(hello["addr"], next(tokens), flat, CHUNK, False))
             verified.append(await tcp_rate(hello["addr"], next(tokens), flat, CHUNK, True))
             raw.append(await asyncio.to_thread(raw_rate, raw_port, flat))
+            if plain is not None and sender_engine is not None:
+                mc_raw.append(await asyncio.to_thread(plain.rate))
+                mc_verified.append(await mooncake_verified_rate(sender_engine, hello["addr"], next(tokens), flat,
+                                                                CHUNK))
+        del src, dst
         curve = []
         for c in common.progress(chunk_sizes, len(chunk_sizes), "chunk sweep"):
             on, off = [], []
@@ -266,11 +365,20 @@ async def main_async(args) -> dict:
         nc = await bus.connect(server.url, name="bench-mover")
         for _ in common.progress(range(reps), reps, "same node"):
             f0 = minor_faults()
-            move_ms, identical, stages = await samenode(tree, nc)
+            move_ms, identical, stages, _ = (await samenode(tree, nc))[0]
             moves.append({"ms": move_ms, "bit_identical": identical, "stages_ms": stages,
                           "minor_faults": minor_faults() - f0})
             f0 = minor_faults()
             copies.append({"ms": raw_copy_ms(tree), "minor_faults": minor_faults() - f0})
+        # Cold: the first move into a destination whose pool was just made (and pre-faulted); warm: the
+        # next moves into the same pool. Without a pool for contrast: every move pays first-touch faults.
+        cold, warm, cold_nopool, staged = [], [], [], []
+        for _ in common.progress(range(reps), reps, "cold vs warm"):
+            runs = await samenode(tree, nc, staging_bytes=total + (8 << 20), runs=2)
+            cold.append(runs[0][0])
+            warm.append(runs[1][0])
+            staged += [runs[0][3], runs[1][3]]
+            cold_nopool.append((await samenode(tree, nc))[0][0])
         await nc.close()
     finally:
         server.stop()
@@ -283,7 +391,25 @@ async def main_async(args) -> dict:
     # Each verified run sits next to a verify-off run; the median of those paired ratios is what
     # load from other jobs on a shared machine disturbs least.
     paired = sorted(v / u for v, u in zip(verified, unverified, strict=True))
+    med = statistics.median
+    data_plane = {
+        "memcpy_gbps": common_gbps(med(memcpy)), "shm_verified_gbps": common_gbps(med(shm_runs)),
+        "shm_over_memcpy": med(s / m for s, m in zip(shm_runs, memcpy, strict=True)),
+        "cold_move_ms": med(cold), "warm_move_ms": med(warm), "cold_over_warm": med(cold) / med(warm),
+        "cold_move_no_pool_ms": med(cold_nopool),
+        "runs_gbps": {"memcpy": [common_gbps(x) for x in memcpy], "shm": [common_gbps(x) for x in shm_runs],
+                      "mooncake_raw": [common_gbps(x) for x in mc_raw],
+                      "mooncake_verified": [common_gbps(x) for x in mc_verified]},
+        "runs_ms": {"cold": cold, "warm": warm, "cold_no_pool": cold_nopool},
+        "pooled_moves_staging": sorted(set(staged)),
+        "mooncake": "measured" if mc_raw else f"not measured: {mooncake.IMPORT_ERROR}",
+    }
+    if mc_raw:
+        data_plane |= {"mooncake_raw_gbps": common_gbps(med(mc_raw)),
+                       "mooncake_verified_gbps": common_gbps(med(mc_verified)),
+                       "mooncake_verified_over_raw": med(v / r for v, r in zip(mc_verified, mc_raw, strict=True))}
     result = {
+        **data_plane,
         "size_mib": size, "leaves": len(flat.tensors), "state_bytes": total,
         "tcp_verified_gbps": common_gbps(tv), "tcp_unverified_gbps": common_gbps(tu),
         "raw_socket_gbps": common_gbps(max(raw)), "verified_over_unverified": paired[len(paired) // 2],
@@ -299,7 +425,8 @@ async def main_async(args) -> dict:
         "threads": {"torch_intra_op": torch.get_num_threads(), "crc_workers": crc.pool._max_workers},
         "bit_identical": identical, "faults_injected": campaign.faults_injected,
         "corrupt_installs": campaign.corrupt_installs, "chunk_curve": curve, "targets": TARGETS,
-        "note": "2-core machine shared with other jobs; timings are noisy",
+        "note": "2-core machine shared with other jobs (load average recorded); medians of interleaved runs, "
+                "ratios are medians of per-round ratios",
     }
     plot(curve, args.json.with_suffix(".png"))
     result["plot"] = str(args.json.with_suffix(".png"))
@@ -341,6 +468,15 @@ def main() -> None:
         return
     result = asyncio.run(main_async(args))
     common.table([
+        ("memcpy_gbps", result["memcpy_gbps"], ""),
+        ("shm_verified_gbps", result["shm_verified_gbps"], ""),
+        ("shm_over_memcpy", result["shm_over_memcpy"], TARGETS["shm_over_memcpy"]),
+        ("cold_move_ms", result["cold_move_ms"], ""),
+        ("warm_move_ms", result["warm_move_ms"], ""),
+        ("cold_over_warm", result["cold_over_warm"], TARGETS["cold_over_warm"]),
+        ("cold_move_no_pool_ms", result["cold_move_no_pool_ms"], ""),
+        *[(k, result[k], TARGETS.get(k, "")) for k in ("mooncake_raw_gbps", "mooncake_verified_gbps",
+                                                       "mooncake_verified_over_raw") if k in result],
         ("tcp_verified_gbps", result["tcp_verified_gbps"], ""),
         ("tcp_unverified_gbps", result["tcp_unverified_gbps"], ""),
         ("raw_socket_gbps", result["raw_socket_gbps"], ""),

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from libs import png
+from libs.schemas.engine import SessionInit
 from services.engine_host.backends import AvatarBackend, Output, advance
 from services.engine_host.output import MAX_CHUNK_BYTES, assemble, chunks, encode
 
@@ -45,7 +46,7 @@ def test_a_corrupt_chunk_is_a_value_error():
 
 def test_avatar_frames_travel_as_one_png_each_and_reassemble_bit_exactly():
     backend = AvatarBackend()
-    state = backend.init_state(3, "hi")
+    state = backend.init_state(3, SessionInit(prompt="hi"))
     out = advance(backend, state, [b"hello"], backend.tiers[-1])
     parts = chunks("s", 1, encode(out), media_s=backend.media_s_per_block, input_seq=4)
     frames = [c for c in parts if c.kind == "frames"]

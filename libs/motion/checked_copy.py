@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from libs.errors import IntegrityError
@@ -64,3 +65,25 @@ def check_staged(slot: Staging, leaf: int, offset: int, region: torch.Tensor, ch
     if staged != chunk_crc:
         raise IntegrityError(f"chunk at leaf {leaf} offset {offset}: CRC {staged:#x} != {chunk_crc:#x}")
     slot.record(leaf, offset, staged)
+
+
+def copy_out(dst: torch.Tensor, src: torch.Tensor, *, bounce: bool) -> int:
+    """The sender's half of a same-machine move: write flat uint8 `src` into the receiver's `dst`; returns
+    the CRC of the bytes written. Frozen host memory is checksummed piece by piece just before each piece
+    is copied (the copy reads from cache). `bounce` (the session is still writing `src`): each piece is
+    first copied aside and the aside bytes are checksummed and written, so the CRC describes exactly
+    the bytes sent. Device memory is copied first and checksummed where it landed."""
+    if src.device.type != "cpu":
+        dst.copy_(src)
+        return crc.crc_bytes(dst)
+    s, d = src.numpy(), dst.numpy()
+    value = 0
+    aside = np.empty(min(_PIECE_BYTES, s.size), dtype=np.uint8) if bounce else None
+    for start in range(0, s.size, _PIECE_BYTES):
+        piece = s[start:start + _PIECE_BYTES]
+        if aside is not None:
+            piece = aside[:piece.size]
+            piece[:] = s[start:start + piece.size]
+        value = crc.crc(piece, value)
+        d[start:start + piece.size] = piece
+    return value

@@ -31,12 +31,14 @@ from libs.errors import (
     Unauthorized,
     Unavailable,
 )
-from libs.motion import manifest
+from libs.motion import machine, manifest, route
 from libs.motion.host import StateHost
 from libs.motion.inprocess import InProcessChannel, local_receivers
 from libs.motion.mooncake import MooncakeChannel, MooncakeEngine
+from libs.motion.pool import StagingPool
 from libs.motion.receiver import DataPlane
 from libs.motion.sender import SendOptions, send_state
+from libs.motion.shm import ShmChannel
 from libs.motion.slot import ShadowSlot, SlotState
 from libs.motion.tcp import TcpChannel
 from libs.motion.transport import Channel
@@ -61,9 +63,16 @@ SLOT_GRACE_S = 5.0  # a slot outlives its move's horizon by this much before it 
 
 class MotionEndpoint:
     def __init__(self, nc: NATS, host_id: str, host: StateHost, data_bind: str = "127.0.0.1:0", *,
-                 tier: str = "T0", mooncake: MooncakeEngine | None = None) -> None:
+                 tier: str = "T0", mooncake: MooncakeEngine | None = None, staging_bytes: int = 0,
+                 machine_id: str | None = None) -> None:
         self.nc, self.host_id, self.host, self.tier = nc, host_id, host, tier
         self.mooncake = mooncake
+        self.machine = machine.identity() if machine_id is None else machine_id
+        # Incoming host slots come from here; on GPU hosts the arena is pinned (device slots use the
+        # caching allocator, which already reuses its memory).
+        self.pool = StagingPool(staging_bytes, pin=self._device().type == "cuda") if staging_bytes > 0 else None
+        if mooncake is not None and self.pool is not None:
+            mooncake.register_pool(self.pool)
         self.data = DataPlane(self._claim, data_bind, mooncake_engine=mooncake)
         self.slots: dict[str, ShadowSlot] = {}  # move_id -> incoming slot
         self.tokens: dict[str, ShadowSlot] = {}  # one-time data-plane tokens -> slot
@@ -113,13 +122,19 @@ class MotionEndpoint:
         if req.move_id in self.outgoing:
             raise Conflict(f"move {req.move_id} was already sent", move_id=req.move_id)
 
+        way = route.choose(req.transport, in_process=req.dest_addr in local_receivers,
+                           same_machine=bool(self.machine) and req.dest_machine == self.machine,
+                           source_device=self._device().type, dest_device=req.dest_device, mode=req.mode)
+
         async def open_channel(layout: Manifest) -> Channel:
-            if req.transport == "mooncake":
+            if way == "mooncake":
                 if self.mooncake is None:
                     raise Unavailable(f"host {self.host_id} runs no mooncake engine")
                 return await MooncakeChannel.open(self.mooncake, req.dest_addr, req.token, layout, req.chunk_bytes)
-            if req.dest_addr in local_receivers:
+            if way == "inprocess":
                 return InProcessChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes)
+            if way == "shm":
+                return await ShmChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes)
             return await TcpChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes,
                                          codec=req.codec, byte_planes=req.byte_planes)
 
@@ -140,6 +155,7 @@ class MotionEndpoint:
         # or until the move's horizon has certainly passed if no coordinator ever says.
         self.frozen[req.move_id] = (hold, time.monotonic() + req.deadline_s + SLOT_GRACE_S)
         self.outgoing[req.move_id] = result.manifest
+        result.transport = way
         return result
 
     async def _thaw(self, move_id: str) -> None:
@@ -164,9 +180,10 @@ class MotionEndpoint:
             return AdmitVerdict(admissible=False, reason=verdict.reason, t_migrate_s=verdict.t_migrate_s)
         token = secrets.token_hex(16)
         slot = ShadowSlot(req.session_id, req.move_id, token, req.state_bytes, self._device(),
-                          lease_s=req.horizon_s + SLOT_GRACE_S)
+                          lease_s=req.horizon_s + SLOT_GRACE_S, staging=self.pool)
         self.slots[req.move_id] = self.tokens[token] = slot
-        return AdmitVerdict(admissible=True, t_migrate_s=verdict.t_migrate_s, token=token, data_addr=self.data_addr)
+        return AdmitVerdict(admissible=True, t_migrate_s=verdict.t_migrate_s, token=token, data_addr=self.data_addr,
+                            machine=self.machine, device=self._device().type)
 
     def _device(self) -> torch.device:
         return torch.device(self.host.device)
@@ -185,8 +202,8 @@ class MotionEndpoint:
         try:
             await slot.verify(req.manifest, full=False)  # commit re-reads every byte
         except (IntegrityError, Conflict) as e:
-            return Verified(ok=False, reason=e.detail)
-        return Verified(ok=True)
+            return Verified(ok=False, reason=e.detail, staging=slot.staging)
+        return Verified(ok=True, staging=slot.staging)
 
     async def _on_commit(self, req: SlotRequest) -> SlotDone:
         if req.move_id in self.committed:
@@ -230,6 +247,7 @@ class MotionEndpoint:
         slot = self.slots.pop(move_id, None)
         if slot is not None:
             self.tokens.pop(slot.token, None)
+            slot.release()
 
     async def _reap(self) -> None:
         while True:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
@@ -26,9 +27,13 @@ from libs.motion.slot import ShadowSlot
 MAX_EXPANSION = 2  # a compressed payload larger than twice its chunk (plus slack) is refused unread
 
 
-def receive_frames(conn: socket.socket, slot: ShadowSlot, flags: int, itemsizes: list[int], out_of_band: bool,
-                   depth: int) -> None:
-    """Read frames until DONE with every chunk checked; raise on the first thing that is wrong."""
+def receive_frames(conn: socket.socket, slot: ShadowSlot, flags: int, itemsizes: list[int], out_of_band: int | None,
+                   depth: int, pull: Callable[[wire.Frame, torch.Tensor], None] | None = None) -> None:
+    """Read frames until DONE with every chunk checked; raise on the first thing that is wrong.
+
+    `out_of_band`: the codec whose chunks arrive by another path (Mooncake, shared memory), their frames
+    without payload; `pull`: for those, fetch the chunk into its region and check it (CUDA IPC), where
+    the sender did not write it in place."""
     checks: deque[Future] = deque()
     seq, in_round = 0, 0
     try:
@@ -48,10 +53,10 @@ def receive_frames(conn: socket.socket, slot: ShadowSlot, flags: int, itemsizes:
                 return
             in_round += 1
             region = slot.region(f.leaf, f.offset, f.length)
-            if wire.CODEC_NAMES[f.codec] == "mooncake":
-                if not out_of_band or f.wire_len != 0:
+            if wire.CODEC_NAMES[f.codec] in ("mooncake", "shm"):
+                if f.codec != out_of_band or f.wire_len != 0:
                     raise IntegrityError("out-of-band chunk on a connection that did not offer it")
-                job = (check_staged, slot, f.leaf, f.offset, region, f.crc)
+                job = (check_staged, slot, f.leaf, f.offset, region, f.crc) if pull is None else (pull, f, region)
             elif f.codec == 0 and f.wire_len != f.length:
                 raise IntegrityError("uncompressed chunk with wire length != length")
             elif f.codec == 0 and region.device.type == "cpu":

@@ -35,25 +35,28 @@ def flatten(tree: dict) -> Flat:
         raise BadRequest(f"a state tree is a dict, got {type(tree).__name__}")
     paths: list[str] = []
     tensors: list[torch.Tensor] = []
-
-    def walk(node, path: str):
-        if isinstance(node, torch.Tensor):
-            paths.append(path)
-            tensors.append(node)
-            return msgspec.msgpack.Ext(_LEAF_EXT, (len(tensors) - 1).to_bytes(4, "little"))
-        if isinstance(node, dict):
-            for k in node:
-                if not isinstance(k, str):
-                    raise BadRequest(f"state tree key {k!r} at '{path}' is not a str", path=path)
-            return {k: walk(v, f"{path}/{k}" if path else k) for k, v in node.items()}
-        if isinstance(node, (list, tuple)):
-            return [walk(v, f"{path}/{i}" if path else str(i)) for i, v in enumerate(node)]
-        if isinstance(node, _SCALARS):
-            return node
-        raise BadRequest(f"state tree value at '{path}' has unsupported type {type(node).__name__}", path=path)
-
-    skeleton = walk(tree, "")
+    skeleton = _walk(tree, "", paths, tensors)
     return Flat(paths, tensors, _enc.encode(skeleton))
+
+
+def _walk(node, path: str, paths: list[str], tensors: list[torch.Tensor]):
+    """The skeleton of `node`, collecting its tensors. A module-level function rather than a closure: a
+    recursive closure refers to itself, and that cycle would hold the flattened tensors (pooled memory,
+    perhaps) until the next garbage collection instead of freeing them with the last reference."""
+    if isinstance(node, torch.Tensor):
+        paths.append(path)
+        tensors.append(node)
+        return msgspec.msgpack.Ext(_LEAF_EXT, (len(tensors) - 1).to_bytes(4, "little"))
+    if isinstance(node, dict):
+        for k in node:
+            if not isinstance(k, str):
+                raise BadRequest(f"state tree key {k!r} at '{path}' is not a str", path=path)
+        return {k: _walk(v, f"{path}/{k}" if path else k, paths, tensors) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_walk(v, f"{path}/{i}" if path else str(i), paths, tensors) for i, v in enumerate(node)]
+    if isinstance(node, _SCALARS):
+        return node
+    raise BadRequest(f"state tree value at '{path}' has unsupported type {type(node).__name__}", path=path)
 
 
 def unflatten(control: bytes, tensors: list[torch.Tensor]) -> dict:

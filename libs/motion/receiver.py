@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import socket
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import structlog
 import torch
 
 from libs.errors import IntegrityError, StatefleetError, Unauthorized
-from libs.motion import manifest, mooncake, netio, wire
+from libs.motion import manifest, mooncake, netio, shm, wire
 from libs.motion.frame_loop import receive_frames
 from libs.motion.slot import ShadowSlot
 from libs.motion.stream import MAX_REASON_BYTES
@@ -101,17 +102,30 @@ class DataPlane:
         layout = decode(await asyncio.to_thread(netio.recv_bytes, conn, layout_len), Manifest)
         slot.open(layout, chunk_bytes)
         itemsizes = [manifest.dtype_of(x.dtype).itemsize for x in layout.leaves]
-        out_of_band = wire.CODEC_NAMES.get(codec_id) == "mooncake"
+        kind = wire.CODEC_NAMES.get(codec_id)
         registered: list[torch.Tensor] = []
+        sources: list[torch.Tensor] = []
+        pull = None
         try:
-            if out_of_band:
+            if kind == "mooncake":
                 registered, ready = mooncake.offer(self.mooncake, slot)
                 await asyncio.to_thread(conn.sendall, ready)
+            elif kind == "shm":
+                offer = shm.ready_for(slot)
+                await asyncio.to_thread(conn.sendall, shm.message(offer))
+                if offer.mode == "cuda_ipc":
+                    sources = shm.open_sources(
+                        await shm.read_handles(lambda n: asyncio.to_thread(netio.recv_bytes, conn, n)), layout)
+                    pull = functools.partial(shm.pull_and_check, slot, sources, torch.cuda.Stream(slot.device))
             conn.settimeout(IDLE_TIMEOUT_S)
-            await asyncio.to_thread(receive_frames, conn, slot, flags, itemsizes, out_of_band, self.depth)
+            oob = codec_id if kind in ("mooncake", "shm") else None
+            await asyncio.to_thread(receive_frames, conn, slot, flags, itemsizes, oob, self.depth, pull)
+            if kind == "shm":
+                shm.settle(slot)
         finally:
             if registered:
                 mooncake.withdraw(self.mooncake, registered)
+            sources.clear()  # drops the IPC mappings of the sender's memory
         digest = slot.finish()
         await asyncio.to_thread(_ack, conn, 0, digest, "")
 

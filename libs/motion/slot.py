@@ -10,6 +10,7 @@ the slot is dropped whole.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -17,8 +18,10 @@ from enum import Enum
 import torch
 
 from libs.errors import BadRequest, Conflict, IntegrityError, TooLarge
-from libs.motion import crc, manifest
+from libs.motion import crc, manifest, pool
 from libs.schemas.motion import Manifest
+
+LEAF_ALIGN = 64  # every leaf starts on a cache line (and on any dtype's alignment) within the slot's region
 
 
 class SlotState(Enum):
@@ -43,7 +46,7 @@ class VerifiedState:
 
 class ShadowSlot:
     def __init__(self, session_id: str, move_id: str, token: str, state_bytes: int, device: torch.device,
-                 lease_s: float) -> None:
+                 lease_s: float, staging: pool.StagingPool | None = None) -> None:
         self.session_id, self.move_id, self.token = session_id, move_id, token
         self.state_bytes = state_bytes
         self.device = device
@@ -56,6 +59,10 @@ class ShadowSlot:
         self.flats: list[torch.Tensor] = []
         self.chunk_crcs: list[list[int | None]] = []
         self.verified: VerifiedState | None = None
+        self.pool = staging
+        self.memory: pool.Region | None = None  # host slots: the memfd region holding the staged leaves
+        self.leaf_offsets: list[int] = []  # each leaf's byte offset within `memory`
+        self.staging = ""  # "pool", or "fresh: <why>": what the receipt reports
         self.done = asyncio.Event()  # set once RECEIVED or FAILED
 
     @property
@@ -78,14 +85,40 @@ class ShadowSlot:
                 manifest.topology([leaf.path for leaf in layout.leaves], meta) != layout.topology:
             raise BadRequest("layout is inconsistent with its topology", move_id=self.move_id)
         for leaf in layout.leaves:
-            t = torch.empty(leaf.shape, dtype=manifest.dtype_of(leaf.dtype), device=self.device)
-            if t.numel() * t.element_size() != leaf.nbytes:
+            dtype = manifest.dtype_of(leaf.dtype)
+            if any(d < 0 for d in leaf.shape) or math.prod(leaf.shape) * dtype.itemsize != leaf.nbytes:
                 raise BadRequest(f"leaf {leaf.path}: nbytes does not match shape×dtype", path=leaf.path)
+        for leaf, t in zip(layout.leaves, self._allocate(layout), strict=True):
             self.tensors.append(t)
             self.flats.append(crc.byte_view(t))
             self.chunk_crcs.append([None] * len(chunks_of(leaf.nbytes, chunk_bytes)))
         self.layout, self.chunk_bytes = layout, chunk_bytes
         self.state = SlotState.RECEIVING
+
+    def _allocate(self, layout: Manifest) -> list[torch.Tensor]:
+        """The staged leaves: on the device for device slots (the caching allocator reuses its memory),
+        otherwise carved from one memfd region, taken from the staging pool when it has room."""
+        dtypes = [manifest.dtype_of(leaf.dtype) for leaf in layout.leaves]
+        if self.device.type != "cpu":
+            self.staging = "device"
+            return [torch.empty(leaf.shape, dtype=dt, device=self.device) for leaf, dt in zip(layout.leaves, dtypes,
+                                                                                             strict=True)]
+        offsets, end = [], 0
+        for leaf in layout.leaves:
+            offsets.append(end)
+            end = pool.round_up(end + leaf.nbytes, LEAF_ALIGN)
+        got = self.pool.take(end) if self.pool is not None else None
+        if got is not None:
+            self.staging = "pool"
+        else:
+            self.staging = ("fresh: no staging pool configured" if self.pool is None else
+                            f"fresh: the staging pool has {self.pool.free_bytes} bytes free of {self.pool.capacity}, "
+                            f"this move needs {end}")
+            got = pool.fresh(end)
+        self.memory, whole = got
+        self.leaf_offsets = offsets
+        return [whole[off:off + leaf.nbytes].view(dt).reshape(leaf.shape)
+                for off, leaf, dt in zip(offsets, layout.leaves, dtypes, strict=True)]
 
     def region(self, leaf: int, offset: int, length: int) -> torch.Tensor:
         """The staged bytes a chunk may write; anything outside the layout's chunk grid is refused."""
@@ -127,6 +160,11 @@ class ShadowSlot:
             self.state, self.reason = SlotState.FAILED, reason
         self.tensors, self.flats = [], []  # the staged bytes are dropped at once
         self.done.set()
+
+    def release(self) -> None:
+        """The endpoint is done with this slot (installed or dropped): it holds no staged memory any more,
+        so an installed state's memory is owned by the host alone and goes back to the pool with it."""
+        self.tensors, self.flats, self.verified = [], [], None
 
     async def verify(self, expected: Manifest, *, full: bool = True) -> VerifiedState:
         """Fingerprint the staged copy and bind it to `expected`, or fail the slot.

@@ -28,7 +28,7 @@ FRAME_BYTES = FRAME.size + HEADER_CRC.size
 
 DATA, END_ROUND, DONE = 0, 1, 2
 FLAG_PLANES, FLAG_UNVERIFIED = 1, 2  # hello flags: bf16/fp16 byte planes; no per-chunk CRC (bench baseline)
-CODECS = {"none": 0, "zstd": 1, "lz4": 2, "mooncake": 3}  # mooncake: bytes moved out of band
+CODECS = {"none": 0, "zstd": 1, "lz4": 2, "mooncake": 3, "shm": 4}  # mooncake, shm: bytes moved out of band
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
 
 

@@ -90,6 +90,7 @@ class EngineEntry(Msg):
     busy_fraction: float = 0.0  # share of device time taken by admitted sessions' steady-state quanta
     state_bytes_resident: int = 0
     data_addr: str = ""  # host:port of the mover data plane (TCP) on this host
+    machine: str = ""  # boot id + hostname (`libs.motion.machine`): equal on two hosts that share memory
     backends: list[BackendInfo] = []
 
 

@@ -11,7 +11,9 @@ from libs.schemas.base import Msg
 Mode = Literal["stop_and_copy", "precopy"]
 Codec = Literal["none", "zstd", "lz4"]
 MoveOutcome = Literal["committed", "rolled_back", "rejected"]
-Transport = Literal["auto", "mooncake"]  # auto: in-process when the destination is in this process, else TCP
+# auto: in-process when the destination is in this process, shared memory when it is on this machine
+# (`libs.motion.route`), else TCP; the others force one transport.
+Transport = Literal["auto", "shm", "tcp", "mooncake"]
 
 
 class Leaf(Msg):
@@ -73,6 +75,8 @@ class AdmitVerdict(Msg):
     t_migrate_s: float = 0.0
     token: str = ""  # one-time data-plane token for this move (only when admissible)
     data_addr: str = ""  # where the source sends the bytes
+    machine: str = ""  # the destination's machine identity (`libs.motion.machine`)
+    device: str = ""  # the destination slot's device type ("cpu", "cuda")
 
 
 class Migrate(Msg):
@@ -91,6 +95,8 @@ class Migrate(Msg):
     transport: Transport = "auto"
     chunk_bytes: int = 1 << 20
     deadline_s: float = 30.0  # relative; the freeze and the transfer end by then
+    dest_machine: str = ""  # from the destination's AdmitVerdict: equal to the source's picks shared memory
+    dest_device: str = ""
 
 
 class MigrateResult(Msg):
@@ -99,6 +105,7 @@ class MigrateResult(Msg):
     wire_bytes: int
     transfer_s: float
     freeze_s: float  # the stall the session paid (the final frozen round)
+    transport: str = ""  # the one the move took: inprocess, shm, tcp, mooncake
 
 
 class SlotRequest(Msg):
@@ -112,6 +119,7 @@ class SlotRequest(Msg):
 class Verified(Msg):
     ok: bool
     reason: str = ""
+    staging: str = ""  # where the slot's memory came from: "pool", "device", or "fresh: <why>"
 
 
 class SlotDone(Msg):
@@ -158,6 +166,8 @@ class MoveReceipt(Msg):
     times: StageTimes = msgspec.field(default_factory=StageTimes)
     predicted_s: float = 0.0  # the calculator's T_migrate at admission
     at: float = 0.0
+    staging: str = ""  # the destination slot's memory: "pool", "device", or "fresh: <why the pool could not>"
+    transport: str = ""  # the transport the move took (inprocess, shm, tcp, mooncake)
 
 
 class MoveStarted(Msg):

@@ -56,6 +56,7 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     checkpoint_every_s: PositiveFloat = 10.0  # fenced sessions are checkpointed this often (for failover)
     orphan_grace_s: PositiveFloat = 5.0  # a copy assigned away and not moved is closed after this long
     data_bind: str = "127.0.0.1:0"  # the mover's TCP data plane (host:port; port 0 picks one)
+    staging_pool_bytes: int = 0  # pre-faulted arena for incoming moves (`libs.motion.pool`); 0: fresh memory
     # name -> "module:Class": serves a backend no distribution registers, or settles a name that
     # two distributions register under `statefleet.backends` (otherwise a start-up error)
     backend_sources: dict[str, str] = {}
@@ -139,7 +140,7 @@ class EngineHostService(Service):
             # Requests handled concurrently, so a long `advance` of one session never holds up another's.
             traced_handler = traced(f"engine.{verb}", self._bounded(verb, handler), host_id=self.host_id)
             await bus.serve(self.nc, subject, req_type, traced_handler, concurrency=cfg.verb_concurrency)
-        self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind)
+        self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind, staging_bytes=cfg.staging_pool_bytes)
         self.data_addr = await self.motion.start()
         fence = EngineClient(self.nc, self.js, self.host_id)
         await fence.start()
@@ -188,7 +189,7 @@ class EngineHostService(Service):
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
                             sessions=len(rt.sessions), profile=self.profile, busy_fraction=rt.busy_fraction(),
                             state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
-                            backends=self.backend_infos)
+                            backends=self.backend_infos, machine=self.motion.machine)
         await self.engines_kv.put(self.host_id, encode(entry))
 
     async def teardown(self) -> None:

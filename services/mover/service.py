@@ -143,16 +143,17 @@ class MoverService(Service):
             result = await self._verb(req.source, "migrate", Migrate(
                 session_id=req.session_id, move_id=move_id, dest_host=req.dest, dest_addr=verdict.data_addr,
                 token=verdict.token, mode=req.mode, round_cap=self.config.round_cap, codec=req.codec,
-                transport=req.transport,
+                transport=req.transport, dest_machine=verdict.machine, dest_device=verdict.device,
                 chunk_bytes=self.config.chunk_bytes, deadline_s=max(left(), 1e-3)),
                 MigrateResult, timeout_s=max(left(), 1e-3) + 1)
         times.migrate_s, times.freeze_s = time.monotonic() - t, result.freeze_s
-        receipt.rounds, receipt.wire_bytes = result.rounds, result.wire_bytes
+        receipt.rounds, receipt.wire_bytes, receipt.transport = result.rounds, result.wire_bytes, result.transport
         receipt.fingerprint, receipt.state_bytes = result.manifest.fingerprint, result.manifest.total_bytes
         t = time.monotonic()
         slot = SlotRequest(session_id=req.session_id, move_id=move_id, manifest=result.manifest)
         ok = await self._verb(req.dest, "verify", slot, Verified, timeout_s=max(VERB_TIMEOUT_S, left()))
         times.verify_s = time.monotonic() - t
+        receipt.staging = ok.staging
         if not ok.ok:
             raise IntegrityError(f"destination verify failed: {ok.reason}")
         if left() <= 0:

@@ -25,6 +25,7 @@ from services.mover.service import MoverConfig, MoverService
 from services.placement.service import PlacementConfig, PlacementService
 
 ADMIN_TOKEN = "test-admin-token-7f3c"  # a fixture's own token; `statefleet up` generates a real one
+API_KEY = "test-web-tenant-key-2b1d"  # tenant "web": what a user pastes into the session page
 ARTIFACTS = Path(os.environ.get("SF_TEST_ARTIFACTS", "var/test-artifacts"))
 
 
@@ -70,7 +71,7 @@ class Stack:
         for h in self.hosts:
             await h.start()
         self.admission = AdmissionService(AdmissionConfig(
-            **self.quiet, http_port=self.admission_port, admin_token=ADMIN_TOKEN,
+            **self.quiet, http_port=self.admission_port, admin_token=ADMIN_TOKEN, api_keys={"web": API_KEY},
             ingress_url=f"http://127.0.0.1:{self.fence_port}"))
         await self.admission.start()
         for _ in range(200):  # admission sees both engine hosts' heartbeats

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.browser.conftest import ADMIN_TOKEN
+from tests.browser.conftest import ADMIN_TOKEN, API_KEY
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 XSS = '<img src=x onerror="window.__xss = 1">'
@@ -26,6 +26,7 @@ async def session_page(stack, browser):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.errors = errors
     await page.goto(f"{stack.origin}/session")
+    await page.fill("#apikey", API_KEY)
     yield page
     await ctx.close()
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from libs.schemas.engine import OpenSession
+from libs.schemas.engine import OpenSession, SessionInit
 from services.engine_host.backends.avatar import AvatarBackend
+from services.engine_host.backends.spec import StateLayoutError
 from services.engine_host.metrics import SessionStats
 from services.engine_host.pipeline import StagePipeline
 from services.engine_host.scheduler import Dispatch
@@ -18,7 +19,7 @@ from services.engine_host.work import Item, Work
 def session(backend: AvatarBackend, sid: str) -> Session:
     return Session(spec=OpenSession(session_id=sid, backend="avatar", seed=1, session_class="C1", period_ms=400.0,
                                     determinism="T1"),
-                   backend=backend, shape="avatar", state=backend.init_state(1, sid),
+                   backend=backend, shape="avatar", state=backend.init_state(1, SessionInit(prompt=sid)),
                    stats=SessionStats(sid, "avatar", backend.media_s_per_block, 0.0))
 
 
@@ -65,7 +66,8 @@ async def test_a_poisoned_session_in_a_coalesced_denoise_fails_alone():
 async def test_an_encode_error_fails_only_its_session():
     backend = AvatarBackend()
     good, bad = session(backend, "good"), session(backend, "bad")
-    del bad.state["speaker"]  # encode raises for this session alone
+    del bad.state["speaker"]  # encode's leaf check raises for this session alone, naming the leaf
     out = await run_batch([good, bad], seq=0)
     errors = {it.sid: it.error for it in out}
-    assert errors["good"] is None and isinstance(errors["bad"], KeyError)
+    assert errors["good"] is None
+    assert isinstance(errors["bad"], StateLayoutError) and errors["bad"].fields["leaf"] == "speaker"

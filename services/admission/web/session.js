@@ -45,8 +45,10 @@ $("create").addEventListener("submit", async (ev) => {
   };
   $("create-btn").disabled = true;
   try {
-    const resp = await fetch("/v1/sessions", { method: "POST", headers: { "Content-Type": "application/json" },
-                                               body: JSON.stringify(body) });
+    // Creating a session needs a credential; it goes in a header, never in the URL, and is not kept.
+    const headers = { "Content-Type": "application/json" };
+    if ($("apikey").value) headers.Authorization = `Bearer ${$("apikey").value}`;
+    const resp = await fetch("/v1/sessions", { method: "POST", headers, body: JSON.stringify(body) });
     const reply = await resp.json();
     if (!resp.ok) throw new Error(`${reply.title || resp.status}: ${reply.detail || ""}`);
     open(reply);

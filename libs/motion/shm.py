@@ -1,0 +1,234 @@
+"""The shared-memory transport: a same-machine move with one copy and no socket payloads.
+
+Host slots (`memfd` mode): every host slot lives in a memfd region (the staging
+pool's, or a fresh one; `libs.motion.pool`). The receiver tells the sender its
+pid, the region's fd, offset and length and each leaf's place in it; the sender
+maps exactly that region (`/proc/<pid>/fd/<fd>`, same user) and writes each
+chunk straight into the staged leaf, checksumming the source as it copies.
+
+Device slots (`cuda_ipc` mode, source and destination on CUDA): the sender
+sends CUDA IPC handles of its (frozen) leaf storages; the receiver opens them
+and copies each chunk device to device on its own stream.
+
+Either way the frames, the one-time token, the chunk CRCs and the final
+acknowledgement travel on the TCP control stream exactly as for TCP payloads
+(a frame with the `shm` codec carries none), and the receiver checksums every
+chunk over its own staged memory before it counts. The sender unmaps on every
+outcome; a pooled region a peer mapped stays out of the pool after a failed
+move until no other process maps it (`StagingPool.expose`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import mmap
+import os
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+import numpy as np
+import torch
+
+from libs.errors import IntegrityError, Unavailable
+from libs.motion import wire
+from libs.motion.checked_copy import check_staged, copy_out
+from libs.motion.prefetch import Prefetch
+from libs.motion.slot import ShadowSlot
+from libs.motion.stream import FrameStream
+from libs.motion.transport import Channel, Chunk, read_chunk
+from libs.schemas.motion import Manifest
+
+CODEC = wire.CODECS["shm"]
+MAX_MESSAGE_BYTES = 16 << 20
+M = TypeVar("M", bound=msgspec.Struct)
+
+
+class Ready(msgspec.Struct, array_like=True):
+    """The receiver's answer to an `shm` hello: where to write (memfd), or send IPC handles (cuda_ipc)."""
+
+    mode: str  # "memfd" | "cuda_ipc"
+    pid: int = 0
+    fd: int = -1
+    offset: int = 0
+    length: int = 0
+    leaves: list[int] = []  # each leaf's byte offset within the region
+
+
+class CudaLeaf(msgspec.Struct, array_like=True):
+    """`torch.UntypedStorage._share_cuda_()` of one leaf's storage, plus where the leaf's bytes start."""
+
+    device: int
+    handle: bytes
+    storage_bytes: int
+    storage_offset: int
+    ref_handle: bytes
+    ref_offset: int
+    event_handle: bytes
+    event_sync: bool
+    byte_offset: int  # of the leaf within the storage
+
+
+def message(msg: msgspec.Struct) -> bytes:
+    body = msgspec.msgpack.encode(msg)
+    return len(body).to_bytes(4, "little") + body
+
+
+async def _read(recv: Callable[[int], Awaitable[bytes]], kind: type[M]) -> M:
+    n = int.from_bytes(await recv(4), "little")
+    if n > MAX_MESSAGE_BYTES:
+        raise IntegrityError("oversized shared-memory message")
+    return msgspec.msgpack.decode(await recv(n), type=kind)
+
+
+# ---------------------------------------------------------------- receiver side
+
+
+def ready_for(slot: ShadowSlot) -> Ready:
+    if slot.device.type == "cuda":
+        return Ready("cuda_ipc", os.getpid())
+    if slot.memory is None:
+        raise IntegrityError("this slot has no shared memory to offer")
+    m = slot.memory
+    if slot.pool is not None and m.pooled:
+        slot.pool.expose(m)
+    return Ready("memfd", os.getpid(), m.fd, m.offset, m.length, slot.leaf_offsets)
+
+
+def settle(slot: ShadowSlot) -> None:
+    """Every frame arrived: the sender has no writes left, the region may go back to the pool as usual."""
+    if slot.pool is not None and slot.memory is not None and slot.memory.pooled:
+        slot.pool.settle(slot.memory)
+
+
+def open_sources(leaves: list[CudaLeaf], layout: Manifest) -> list[torch.Tensor]:
+    """The sender's leaf bytes on this device, opened from their IPC handles (flat uint8 views)."""
+    out = []
+    for leaf, spec in zip(leaves, layout.leaves, strict=True):
+        storage = torch.UntypedStorage._new_shared_cuda(
+            leaf.device, leaf.handle, leaf.storage_bytes, leaf.storage_offset, leaf.ref_handle, leaf.ref_offset,
+            leaf.event_handle, leaf.event_sync)
+        if leaf.byte_offset + spec.nbytes > storage.nbytes():
+            raise IntegrityError(f"IPC handle for {spec.path} is smaller than the leaf")
+        t = torch.empty(0, dtype=torch.uint8, device=f"cuda:{leaf.device}")
+        out.append(t.set_(storage, leaf.byte_offset, (spec.nbytes,)))
+    return out
+
+
+def pull_and_check(slot: ShadowSlot, sources: list[torch.Tensor], stream, f: wire.Frame, region: torch.Tensor) -> None:
+    """Copy one chunk device to device on the receiver's stream, then check its CRC over the staged bytes."""
+    with torch.cuda.stream(stream):
+        region.copy_(sources[f.leaf][f.offset:f.offset + f.length], non_blocking=True)
+    stream.synchronize()
+    check_staged(slot, f.leaf, f.offset, region, f.crc)
+
+
+# ---------------------------------------------------------------- sender side
+
+
+class ShmChannel(Channel):
+    def __init__(self, stream: FrameStream, ready: Ready, dst: list[torch.Tensor], mapping: mmap.mmap | None) -> None:
+        self.stream, self.ready, self.dst, self.mapping = stream, ready, dst, mapping
+        self.handles_sent = False
+
+    @classmethod
+    async def open(cls, dest_addr: str, token: str, layout: Manifest, chunk_bytes: int) -> ShmChannel:
+        stream = await FrameStream.open(dest_addr, token, layout, chunk_bytes, codec="shm")
+        try:
+            ready = await _read(stream.recv, Ready)
+            if ready.mode == "cuda_ipc":
+                return cls(stream, ready, [], None)
+            mapping = await asyncio.to_thread(_map, ready)
+            arena = np.frombuffer(mapping, dtype=np.uint8)
+            if len(ready.leaves) != len(layout.leaves) or any(
+                    off < 0 or off + leaf.nbytes > ready.length for off, leaf in zip(ready.leaves, layout.leaves, strict=True)):
+                raise IntegrityError("the receiver's region does not hold the layout")
+            dst = [torch.from_numpy(arena[off:off + leaf.nbytes]) for off, leaf in zip(ready.leaves, layout.leaves, strict=True)]
+            return cls(stream, ready, dst, mapping)
+        except OSError as e:
+            await stream.close()
+            raise Unavailable(f"cannot map the receiver's shared memory: {e}") from None
+        except BaseException:
+            await stream.close()
+            raise
+
+    @property
+    def wire_bytes(self) -> int:
+        return self.stream.wire_bytes
+
+    async def put(self, leaf: int, offset: int, data: torch.Tensor, chunk_crc: int) -> None:
+        raise Unavailable("the shared-memory transport moves whole rounds (put_many), not loose chunks")
+
+    async def put_many(self, views: list[torch.Tensor], chunks: list[Chunk], *, bounce: bool,
+                       checksum: bool = True) -> list[int]:
+        try:
+            if self.ready.mode == "cuda_ipc":
+                await self._send_handles(views, bounce)
+                read = functools.partial(read_chunk, views, bounce=False, checksum=True)
+                return await asyncio.to_thread(self._send_round, chunks, lambda c: read(c)[1])
+            return await asyncio.to_thread(self._send_round, chunks, functools.partial(self._copy, views, bounce))
+        except OSError as e:
+            raise Unavailable(f"data plane connection lost: {e}") from None
+
+    def _copy(self, views: list[torch.Tensor], bounce: bool, c: Chunk) -> int:
+        leaf, off, n = c
+        return copy_out(self.dst[leaf][off:off + n], views[leaf][off:off + n], bounce=bounce)
+
+    def _send_round(self, chunks: list[Chunk], job) -> list[int]:
+        """Each chunk's frame goes out as soon as its bytes are in place (copies run ahead on the pool)."""
+        out: list[int] = []
+        with Prefetch(job, chunks) as ahead:
+            for (leaf, off, n), fut in zip(chunks, ahead, strict=True):
+                value = fut.result()
+                self.stream.send_blocking(self.stream.data_frame(CODEC, leaf, off, n, 0, value, moved=n))
+                out.append(value)
+        return out
+
+    async def _send_handles(self, views: list[torch.Tensor], bounce: bool) -> None:
+        """CUDA IPC exposes the live leaves themselves, so only a frozen round can go this way."""
+        if bounce:
+            raise Unavailable("CUDA IPC moves only frozen state: use stop-and-copy or TCP for pre-copy")
+        if self.handles_sent:
+            raise Unavailable("CUDA IPC sends one frozen round per move")
+        if any(v.device.type != "cuda" for v in views):
+            raise Unavailable("the receiver's slot is on CUDA but the source is not")
+        leaves = []
+        for v in views:
+            dev, handle, size, off, ref_h, ref_off, ev_h, ev_sync = v.untyped_storage()._share_cuda_()
+            leaves.append(CudaLeaf(dev, handle, size, off, ref_h, ref_off, ev_h, ev_sync, v.storage_offset()))
+        await self.stream.send(message(_Handles(leaves)))
+        self.handles_sent = True
+
+    async def end_round(self) -> None:
+        await self.stream.end_round()
+
+    async def finish(self) -> int:
+        return await self.stream.finish()
+
+    async def close(self) -> None:
+        await self.stream.close()
+        self.dst = []
+        if self.mapping is not None:
+            with contextlib.suppress(BufferError):  # a view still alive somewhere: unmapped when it goes
+                self.mapping.close()
+            self.mapping = None
+
+
+class _Handles(msgspec.Struct, array_like=True):
+    leaves: list[CudaLeaf]
+
+
+def _map(ready: Ready) -> mmap.mmap:
+    """Map exactly the receiver's region, page tables filled in one call."""
+    fd = os.open(f"/proc/{ready.pid}/fd/{ready.fd}", os.O_RDWR)
+    try:
+        return mmap.mmap(fd, max(ready.length, 1), flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, offset=ready.offset)
+    finally:
+        os.close(fd)
+
+
+async def read_handles(recv: Callable[[int], Awaitable[bytes]]) -> list[CudaLeaf]:
+    return (await _read(recv, _Handles)).leaves
+
