@@ -4,8 +4,8 @@
   (`consumed_seq` from the owner itself; its runtime refuses a gap or a repeated seq).
 - **applied twice**: an item the block journal records in two different blocks.
 - **dual authorizations**: a claim or release in the ownership log that the fencing rules forbid
-  (folded with `libs.fence.core`), plus output chunks published unmarked twice (two owners
-  producing one block).
+  (folded with `libs.fence.core`), plus output chunks published unmarked twice with different
+  bytes (two owners producing different blocks under one index).
 - **recovery**: from the fault until every session has both a new acknowledgement and a new
   output block; a session is **affected** when across the fault its input went unacknowledged for
   over a second, its output paused longer than two periods, or blocks published meanwhile never

@@ -36,17 +36,19 @@ class SessionClient:
     ack_times: list[float] = field(default_factory=list)
     arrivals: list[Arrival] = field(default_factory=list)  # one per block (its first chunk), in arrival order
     _blocks_seen: set[tuple[int, bool]] = field(default_factory=set)
-    _live_chunks: set[tuple[int, str, int]] = field(default_factory=set)
-    live_chunks_twice: int = 0  # unmarked chunks published again: two owners produced one block
+    _live_chunks: dict[tuple[int, str, int], int] = field(default_factory=dict)
+    # Unmarked chunks published again with other bytes: two owners produced different blocks under one
+    # index. (An old owner resumed after the seal may still publish a block it journalled before it:
+    # the same bytes the replacement regenerates, so not counted.)
+    live_chunks_twice: int = 0
     _task: asyncio.Task | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     sent: int = 0
 
     async def on_chunk(self, chunk: OutputChunk) -> None:
         if not chunk.replayed:
-            part = (chunk.block, chunk.kind, chunk.part)
-            self.live_chunks_twice += part in self._live_chunks
-            self._live_chunks.add(part)
+            part, digest = (chunk.block, chunk.kind, chunk.part), hash(chunk.data)
+            self.live_chunks_twice += self._live_chunks.setdefault(part, digest) != digest
         key = (chunk.block, chunk.replayed)
         if key not in self._blocks_seen:
             self._blocks_seen.add(key)
