@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint bench install clean ibverbs chromium
+.PHONY: up test chaos lint bench install clean ibverbs chromium
 
 install: $(STAMP)
 
@@ -39,6 +39,11 @@ test: $(STAMP) chromium
 chromium:
 	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# Fault-injection drills on whole stacks (~5 min); results in var/chaos/results.json,
+# `python -m bench.reliability_table` turns them into docs/reliability.md's table.
+chaos: $(STAMP)
+	$(PY) -m pytest -q -m chaos tests/chaos $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -304,6 +304,12 @@ class Lease:
             raise errors.BadRequest(f"applied cursor went back from {self.applied} to {cursor}",
                                     session_id=self.session_id)
         self.applied = cursor
-        kv = await self.client.meta_kv()
-        await kv.put(f"{self.session_id}.applied", encode(AppliedCursor(
-            server_id=self.owner.server_id, version=self.owner.version, cursor=cursor)))
+        # A hint: while a JetStream leader is elected the put goes unanswered, and the caller must be
+        # able to treat that as the typed, retryable error it is rather than lose its input loop.
+        try:
+            kv = await self.client.meta_kv()
+            await kv.put(f"{self.session_id}.applied", encode(AppliedCursor(
+                server_id=self.owner.server_id, version=self.owner.version, cursor=cursor)))
+        except (nats.errors.Error, TimeoutError) as e:
+            raise errors.Unavailable(f"applied cursor not recorded: {type(e).__name__}",
+                                     session_id=self.session_id) from None

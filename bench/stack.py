@@ -1,0 +1,166 @@
+"""A whole statefleet stack as `statefleet up` runs it, in a subprocess, for chaos tests and bench.load.
+
+The supervisor is part of what is under test: when a child is killed it restarts it, so "resumed
+without operator action" is the product's own behaviour, not something a harness does. Children
+are found by their parent pid (the `up` process) and their command line, so a test can signal one
+process without touching any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libs import bus, names
+from libs.natsd import free_port
+from libs.procs import die_with_parent
+from libs.schemas.common import Ping, Pong
+from statefleet import admin_token
+
+
+def children_of(pid: int) -> dict[int, list[str]]:
+    """Direct children of `pid` → their argv, read from /proc."""
+    out: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().decode().rstrip("\0").split("\0")
+        except (OSError, ValueError, IndexError):
+            continue  # exited while we looked
+    return out
+
+
+@dataclass
+class UpStack:
+    """`statefleet up --data-dir DIR --engines N [--nats-url URL]` with its own HTTP ports."""
+
+    data_dir: Path
+    engines: int = 2
+    nats_url: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    admission_port: int = field(default_factory=free_port)
+    fence_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    _out: object = None
+
+    @property
+    def admission_url(self) -> str:
+        return f"http://127.0.0.1:{self.admission_port}"
+
+    @property
+    def host_ids(self) -> list[str]:
+        return [f"engine-{i}" for i in range(self.engines)]
+
+    def start(self) -> UpStack:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [sys.executable, "-m", "statefleet", "up", "--data-dir", str(self.data_dir),
+                "--engines", str(self.engines)]
+        if self.nats_url:
+            args += ["--nats-url", self.nats_url]
+        # Every port its own (free) one, so stacks can run side by side.
+        env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(self.admission_port),
+               "SF_FENCE_HTTP_PORT": str(self.fence_port), "SF_METRICS_BASE_PORT": "0", **self.env}
+        self._out = open(self.data_dir / "up.out", "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(args, stdout=self._out, stderr=subprocess.STDOUT, text=True, env=env,
+                                     preexec_fn=die_with_parent)  # a killed harness leaves no stack behind
+        return self
+
+    def admin_headers(self) -> dict[str, str]:
+        """The stack's admin credential (session creation needs one), as a request header."""
+        return {"Authorization": f"Bearer {admin_token.read(self.data_dir)}"}
+
+    def cli_url(self) -> str:
+        """The operator's NATS URL `up` wrote (with the `cli` user's credentials when it embeds NATS)."""
+        return (self.data_dir / "nats.url").read_text().strip()
+
+    async def ready(self, timeout_s: float = 180.0) -> None:
+        """Every service and engine host answers ping and every engine host heartbeats."""
+        deadline = time.monotonic() + timeout_s
+        url_file = self.data_dir / "nats.url"
+        while not (url_file.exists() and url_file.read_text().strip()):
+            self._alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError("statefleet up wrote no nats.url")
+            await asyncio.sleep(0.2)
+        nc = await bus.connect(self.cli_url(), name="stack-probe")
+        try:
+            subjects = [names.ping_subject(s) for s in ("fence", "admission", "placement", "mover")]
+            subjects += [names.engine_subject(h, "ping") for h in self.host_ids]
+            pending = set(subjects)
+            while pending:
+                self._alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not ready: {sorted(pending)}")
+                for subject in list(pending):
+                    with contextlib.suppress(Exception):
+                        await bus.request(nc, subject, Ping(), Pong, timeout_s=1.0)
+                        pending.discard(subject)
+                await asyncio.sleep(0.25)
+            kv = await nc.jetstream().key_value(names.ENGINES_BUCKET)
+            while True:
+                with contextlib.suppress(Exception):
+                    if set(self.host_ids) <= set(await kv.keys()):
+                        return
+                self._alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError("engine hosts never heartbeated")
+                await asyncio.sleep(0.25)
+        finally:
+            await nc.close()
+
+    def _alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"statefleet up exited with {self.proc.returncode}; see {self.data_dir / 'up.out'}")
+
+    def pid_of(self, name: str) -> int:
+        """The pid of the child running `name`: a service name, `engine-<i>`, or `nats-server`."""
+        assert self.proc is not None
+        for pid, argv in children_of(self.proc.pid).items():
+            if name == "nats-server" and argv and argv[0].endswith("nats-server"):
+                return pid
+            if argv[-2:] == ["serve", name]:
+                return pid
+            if name.startswith("engine-") and argv[-2:] == ["serve", "engine_host"] \
+                    and _env_of(pid).get("SF_HOST_ID") == name:
+                return pid
+        raise LookupError(f"no running child {name!r}")
+
+    def signal(self, name: str, sig: int) -> int:
+        pid = self.pid_of(name)
+        os.kill(pid, sig)
+        return pid
+
+    def stop(self, timeout_s: float = 60.0) -> str:
+        """Ctrl-C, as an operator stops it; returns what `up` printed."""
+        if self.proc is not None and self.proc.poll() is None:
+            for pid in children_of(self.proc.pid):  # a child left SIGSTOPped must be able to stop
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._out is not None:
+            self._out.close()
+        return (self.data_dir / "up.out").read_text()
+
+
+def _env_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)

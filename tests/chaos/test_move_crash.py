@@ -1,0 +1,66 @@
+"""The mover and placement are SIGKILLed in the middle of a live move. `statefleet up` restarts
+both; the restarted mover closes the journalled move out (rollback, or finishing a hand-over the
+destination already committed), the session keeps one owner throughout, and placement places new
+sessions again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+
+import pytest
+
+from bench.frontend import c1_contract, open_session
+from libs import bus, names
+from libs.schemas.motion import MoveReceipt, MoveRequest
+from tests.chaos.conftest import assert_clean, record
+
+pytestmark = pytest.mark.chaos
+
+
+async def test_mover_and_placement_killed_mid_move(drill, chaos_results):
+    d = await drill(engines=2)
+    clients = await d.open(3)
+    moving = clients[0]
+    dest = next(h for h in d.stack.host_ids if h != moving.host_id)
+    receipts: list[MoveReceipt] = []
+
+    async def on_receipt(r: MoveReceipt) -> None:
+        receipts.append(r)
+
+    await bus.subscribe_events(d.nc, names.move_receipt_subject(moving.sid), MoveReceipt, on_receipt)
+    journal = await d.nc.jetstream().key_value(names.MOVES_INFLIGHT_BUCKET)
+    req = MoveRequest(session_id=moving.sid, source=moving.host_id, dest=dest, deadline_s=10.0, move_id="chaos-move")
+    asked = asyncio.create_task(bus.request(d.nc, names.MOVER_MOVE, req, MoveReceipt, timeout_s=30))
+    deadline = time.monotonic() + 30
+    while True:  # the move is journalled before it touches either host: kill right then
+        with contextlib.suppress(Exception):
+            if "chaos-move" in await journal.keys():
+                break
+        assert not asked.done(), f"the move ended before it was journalled: {asked.result()}"
+        assert time.monotonic() < deadline, "the move was never journalled"
+        await asyncio.sleep(0.005)
+    d.stack.signal("mover", signal.SIGKILL)
+    d.stack.signal("placement", signal.SIGKILL)
+    at = d.fault("SIGKILL mover and placement mid-move")
+    with contextlib.suppress(Exception):  # its coordinator died: no answer comes
+        await asked
+    await d.recovered(at)
+    for _ in range(600):
+        if receipts:
+            break
+        await asyncio.sleep(0.1)
+    assert receipts, "the restarted mover never closed the move out"
+    # Placement is back: a new session is admitted and placed without anyone restarting anything.
+    extra = await open_session(d.nc, d.http, d.stack.admission_url, c1_contract(), seed=99)
+    extra.start_input(d.http, 0.1)
+    d.clients.append(extra)
+    await d.serving()
+    audits = await d.finish()
+    row = record(chaos_results, "mover_and_placement_sigkill_mid_move", d, audits,
+                 move_outcome=receipts[-1].outcome, move_reason=receipts[-1].reason)
+    owner = next(a.owner for a in audits if a.session_id == moving.sid)
+    assert owner == (dest if receipts[-1].outcome == "committed" else moving.host_id), row
+    assert_clean(row)
