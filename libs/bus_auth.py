@@ -129,6 +129,7 @@ def permissions(user: str) -> Permissions:
             [*_js_admin(_kv(names.ADMISSION_BUCKET)), f"$KV.{names.ADMISSION_BUCKET}.>",
              *_js_create(_kv(names.ENGINES_BUCKET)), *_js_read(names.SESSION_STREAM),
              *_js_read(_kv(names.SESSIONS_BUCKET)), f"$KV.{names.SESSIONS_BUCKET}.*",
+             *_js_read(_kv(names.CAPACITY_BUCKET)),  # host lifecycle (draining, drained) for the dashboard
              names.FENCE_REGISTER, names.FENCE_CLOSE, names.FENCE_ASSIGN, names.PLACEMENT_PLACE,
              names.PLACEMENT_HOSTS, names.PLACEMENT_DRAIN, names.PLACEMENT_UNDRAIN],
             [names.ping_subject("admission")],

@@ -42,6 +42,7 @@ class FleetFeed:
     def __init__(self, nc: NATS, js: JetStreamContext, *, queue: Callable[[], Any], heartbeat_s: float) -> None:
         self.nc, self.js, self.queue, self.heartbeat_s = nc, js, queue, heartbeat_s
         self.hosts: dict[str, dict] = {}
+        self.lifecycle: dict[str, str] = {}  # placement's host records: up, draining, drained
         self.sessions: dict[str, dict] = {}
         self.inflight: dict[str, dict] = {}
         self.receipts: collections.deque[dict] = collections.deque(maxlen=KEPT_RECEIPTS)
@@ -52,7 +53,8 @@ class FleetFeed:
         _register_gauges()
         _live.add(self)
         for bucket, apply in ((names.ENGINES_BUCKET, self._host), (names.SESSIONS_BUCKET, self._session),
-                              (names.ADMISSION_BUCKET, self._record), (names.MOVES_INFLIGHT_BUCKET, self._move)):
+                              (names.ADMISSION_BUCKET, self._record), (names.MOVES_INFLIGHT_BUCKET, self._move),
+                              (names.CAPACITY_BUCKET, self._lifecycle)):
             spawn(self._follow(bucket, apply), f"feed:{bucket}")
         await self.nc.subscribe(names.MOVE_RECEIPT_SUBJECTS, cb=self._on_receipt)
 
@@ -68,7 +70,7 @@ class FleetFeed:
                     continue
                 state = "dead"
             else:
-                state = h.get("state") or ("draining" if h.get("draining") else "up")
+                state = self.lifecycle.get(host_id, "up")
             mem, free = h.get("memory_bytes", 0), h.get("free_memory_bytes", 0)
             hosts.append({**h, "host_id": host_id, "state": state,
                           "memory_used_fraction": (mem - free) / mem if mem else 0.0,
@@ -108,6 +110,13 @@ class FleetFeed:
                     self._changed()
             except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
                 await asyncio.sleep(self.heartbeat_s)  # no bucket yet, or the bus is away: look again
+
+    def _lifecycle(self, key: str, value: dict | None) -> None:
+        state = "up" if value is None else value.get("state", "up")
+        if state != self.lifecycle.get(key, "up"):
+            self._event("host", f"{key} {state}", host_id=key)
+        self.lifecycle[key] = state
+        self.version += 1
 
     def _host(self, key: str, value: dict | None) -> None:
         before = self.hosts.get(key)

@@ -317,9 +317,10 @@ class PlacementService(Service):
         """Sessions the `sf_sessions` hint says `host_id` owns."""
         return [s for s in self.sessions.values.values() if s.owner_server_id == host_id and s.state != "closed"]
 
-    def host_info(self, host_id: str) -> HostInfo:
+    def host_info(self, host_id: str, record: HostRecord | None = None) -> HostInfo:
+        """The host as placement sees it; `record` is one just written (the mirror may not show it yet)."""
         entry = self.liveness.entry(host_id)
-        record = self.hosts.values.get(host_id)
+        record = record or self.hosts.values.get(host_id)
         state = "dead" if entry is None else (record.state if record else "up")
         return HostInfo(host_id=host_id, state=state,
                         incarnation=entry.incarnation if entry else (record.incarnation if record else ""),
@@ -333,10 +334,10 @@ class PlacementService(Service):
 
     async def _on_undrain(self, req: HostRequest) -> HostInfo:
         self._known(req.host_id)
-        await self.records.change(req.host_id, lambda r: msgspec.structs.replace(r, state="up"))
+        record = await self.records.change(req.host_id, lambda r: msgspec.structs.replace(r, state="up"))
         self.log.info("host_undrained", host_id=req.host_id)
         self._wake.set()
-        return self.host_info(req.host_id)
+        return self.host_info(req.host_id, record)
 
     def _known(self, host_id: str) -> None:
         if host_id not in self.liveness.live and host_id not in self.hosts.values:

@@ -111,6 +111,28 @@ async def test_dashboard_moves_the_session_mid_stream(stack, session_page, dashb
     await dashboard.screenshot(path=str(artifacts / "dashboard.png"))
 
 
+async def test_dashboard_drains_the_owning_host_and_the_stream_goes_on(stack, session_page, dashboard):
+    """After the move: drain the session's host from the dashboard; the session leaves it (owner version
+    rises, the page keeps drawing), then undrain it."""
+    owner, version = await session_page.evaluate("[window.sfPage.owner.server_id, window.sfPage.owner.version]")
+    drain = dashboard.locator(f"button[data-host='{owner}']")
+    await drain.wait_for(timeout=WAIT_MS)
+    before = await blocks(session_page)
+    await drain.click()
+    await dashboard.wait_for_function(f"() => document.getElementById('action').textContent.startsWith('{owner} drained')",
+                                      timeout=WAIT_MS)
+    await session_page.wait_for_function(f"() => window.sfPage.owner.server_id !== '{owner}' "
+                                         f"&& window.sfPage.owner.version > {version} && window.sfPage.owner.claimed",
+                                         timeout=WAIT_MS)
+    await session_page.wait_for_function(f"() => window.sfPage.blocksShown >= {before + 3}", timeout=WAIT_MS)
+    assert "moved" in await dashboard.text_content("#action")
+    await dashboard.wait_for_function(f"() => document.querySelector(\"button[data-host='{owner}']\").textContent === 'Undrain'",
+                                      timeout=WAIT_MS)
+    await dashboard.locator(f"button[data-host='{owner}']").click()
+    await dashboard.wait_for_function(f"() => document.getElementById('action').textContent.startsWith('{owner} up')",
+                                      timeout=WAIT_MS)
+
+
 async def test_a_dropped_socket_reconnects_and_the_stream_resumes(stack, session_page):
     reconnects, last = await session_page.evaluate("[window.sfPage.reconnects, window.sfPage.lastBlock]")
     await stack.restart_fence()

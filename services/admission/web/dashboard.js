@@ -70,7 +70,7 @@ function render(snap) {
     sf.el("span", h.host_id, "mono"), pill(h.state, STATE_CLASS[h.state] || "dim"), h.incarnation ?? "–", h.device,
     h.sessions, bar(h.busy_fraction || 0),
     `${sf.bytes(h.memory_bytes - h.free_memory_bytes)} / ${sf.bytes(h.memory_bytes)}`,
-    `${h.heartbeat_age_s.toFixed(1)} s ago`,
+    `${h.heartbeat_age_s.toFixed(1)} s ago`, hostControl(h),
   ])));
   $("sessions").replaceChildren(...snap.sessions.map((s) => row([
     sf.el("span", s.session_id, "mono"), s.backend, s.session_class, s.state, s.owner_server_id,
@@ -108,6 +108,37 @@ function moveControl(session, live) {
   button.addEventListener("click", () => move(session.session_id, select.value));
   wrap.append(select, button);
   return wrap;
+}
+
+function hostControl(host) {
+  const draining = host.state === "draining" || host.state === "drained";
+  const button = sf.el("button", draining ? "Undrain" : "Drain", "small");
+  button.dataset.host = host.host_id;
+  button.disabled = host.state === "dead" || dash.busy.has(host.host_id);
+  button.addEventListener("click", () => drain(host.host_id, draining ? "undrain" : "drain"));
+  return button;
+}
+
+// Drain moves every session off the host (live where admissible, else checkpoint + replay) and
+// answers once the host is empty; undrain lets placement use it again.
+async function drain(hostId, verb) {
+  dash.busy.add(hostId);
+  $("action").textContent = `${verb === "drain" ? "draining" : "undraining"} ${hostId}…`;
+  try {
+    const resp = await fetch(`/v1/admin/hosts/${encodeURIComponent(hostId)}/${verb}`, {
+      method: "POST", headers: { Authorization: `Bearer ${dash.token}` },
+    });
+    const body = await resp.json();
+    const moved = (body.outcomes || []).map((o) => `${o.session_id.slice(0, 8)}: ${o.outcome}`).join(", ");
+    $("action").textContent = resp.ok
+      ? `${hostId} ${body.state}${moved ? ` (${moved})` : ""}`
+      : `${verb} refused: ${body.detail || resp.status}`;
+    $("action").className = `hint ${resp.ok ? "ok" : "bad"}`;
+  } catch (e) {
+    $("action").textContent = `${verb} failed: ${e.message || e}`;
+  } finally {
+    dash.busy.delete(hostId);
+  }
 }
 
 async function move(sessionId, dest) {
