@@ -2,9 +2,9 @@
 go to another host, and then it resumes: it must not apply input or publish output after its
 replacement claims.
 
-Placement's automatic host failover is not on this branch yet, so the drill reassigns the stopped
-host's sessions itself, exactly as failover will: `ownership.assign(..., expect_version=v)`, which
-lands only if the stopped host still holds the version it was seen with.
+Nobody helps: placement sees the heartbeat expire and fails the sessions over by itself (an assign at
+version + 1 that lands only if the stopped host still holds the version placement saw); the drill
+only waits for the replacement's claims.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from bench.audit import read_log
 from libs import bus, names
-from libs.fence.ownership import assign, read_owner
+from libs.fence.ownership import read_owner
 from libs.schemas.engine import SessionInfo, SessionRef
 from libs.schemas.fence import Owner, Release
 from tests.chaos.conftest import assert_clean, record
@@ -40,22 +40,34 @@ async def _heartbeat_expired(nc, host_id: str, timeout_s: float = 30.0) -> None:
     raise AssertionError(f"{host_id}'s heartbeat never expired")
 
 
+async def _failed_over(js, old: dict[str, Owner], timeout_s: float = 60.0) -> None:
+    """Placement has reassigned every one of `old`'s sessions and the replacement has claimed it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        views = [(await read_owner(js, sid)).view for sid in old]
+        if all(v.owner is not None and v.owner.version > old[sid].version and v.claim == v.owner
+               for sid, v in zip(old, views, strict=True)):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("placement did not fail the stopped host's sessions over")
+
+
 async def test_sigstopped_engine_host_resumes_after_its_replacement_claimed(drill, chaos_results):
     d = await drill(engines=2)
     clients = await d.open(3)
     stopped = clients[0].host_id
     spare = next(h for h in d.stack.host_ids if h != stopped)
     js = d.nc.jetstream()
-    d.stack.signal(stopped, signal.SIGSTOP)
-    at = d.fault(f"SIGSTOP {stopped} past its heartbeat expiry, then SIGCONT")
-    await _heartbeat_expired(d.nc, stopped)
     old: dict[str, Owner] = {}
     for c in clients:
         view = (await read_owner(js, c.sid)).view
         if view.owner is not None and view.owner.server_id == stopped:
             old[c.sid] = view.owner
-            await assign(d.nc, js, c.sid, spare, expect_version=view.owner.version)
-    assert old, "no session was on the stopped host"
+    assert old, "no session was on the host about to stop"
+    d.stack.signal(stopped, signal.SIGSTOP)
+    at = d.fault(f"SIGSTOP {stopped} past its heartbeat expiry, then SIGCONT")
+    await _heartbeat_expired(d.nc, stopped)
+    await _failed_over(js, old)
     await d.recovered(at)
     d.stack.signal(stopped, signal.SIGCONT)  # it still believes it owns them, with input in hand
     await asyncio.sleep(3.0)
@@ -73,7 +85,7 @@ async def test_sigstopped_engine_host_resumes_after_its_replacement_claimed(dril
     audits = await d.finish()
     row = record(chaos_results, "engine_sigstop_past_heartbeat", d, audits,
                  sessions_moved=len(old), applied_by_old_owner_after_takeover=applied_after_takeover,
-                 reassigned_by="the drill (ownership.assign with expect_version; automatic failover not merged)")
+                 reassigned_by="placement's automatic failover")
     assert applied_after_takeover == 0, row
     assert all(a.owner == spare for a in audits if a.session_id in old), row
     assert_clean(row)
