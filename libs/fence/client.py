@@ -63,6 +63,9 @@ NOTICE_RETRY_S = 0.5
 # The lease's ordered consumer notices a lost consumer (e.g. a NATS restart) after missed heartbeats.
 LEASE_HEARTBEAT_S = 1.0
 CONFIRM_RETRY_S = 0.2
+# How long a claim keeps retrying through a bus outage or a JetStream leader election: the
+# assignment stays ours meanwhile, and giving up would leave the session claimed by nobody.
+CLAIM_RETRY_S = 60.0
 
 
 class EngineClient:
@@ -149,8 +152,9 @@ class EngineClient:
         """
         session_log.check_session_id(session_id)
         me = Owner(server_id=self.server_id, version=version)
+        deadline = time.monotonic() + CLAIM_RETRY_S
         for _ in range(bus.MAX_CAS_ATTEMPTS):
-            tail = await session_log.read_tail(self.js, session_id)
+            tail = await _retrying(lambda: session_log.read_tail(self.js, session_id), deadline, session_id)
             event = core.decide_claim(tail.view, self.server_id, version, cursor, incarnation=self.incarnation)
             try:
                 new = await session_log.append(self.js, session_id, tail, event)
@@ -160,7 +164,7 @@ class EngineClient:
             except errors.Unavailable:
                 # The append's answer was lost. If it landed, it is the record right after `tail`
                 # (that is what the CAS allows), so the lease may read from there.
-                new = await session_log.read_tail(self.js, session_id)
+                new = await _retrying(lambda: session_log.read_tail(self.js, session_id), deadline, session_id)
                 if new.view.owner == me and new.view.claim == me:
                     new = session_log.Tail(new.view, tail.seq)
                     break
@@ -171,7 +175,7 @@ class EngineClient:
         if old is not None:
             await old.stop()
         self._leases[session_id] = lease
-        await lease.start()
+        await lease.start(deadline)
         await update_summary(self.js, session_id, new.view)
         _log.info("claimed", session_id=session_id, server_id=self.server_id, version=version, cursor=cursor)
         return lease
@@ -206,16 +210,24 @@ class Lease:
         self._epoch = client.trusted_epoch()  # the liveness epoch the claim was last confirmed in
         self._items: asyncio.Queue[InputItem | None] = asyncio.Queue()
         self._next = cursor + 1
+        self._seen = read_after  # the last log position read: a restarted consumer may deliver it again
         self._sub: Subscription | None = None
         self._kicker: asyncio.Task | None = None
         self._stopper: asyncio.Task | None = None
 
-    async def start(self) -> None:
-        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                    opt_start_seq=self.read_after + 1)
-        self._sub = await self.client.js.subscribe(names.session_log_subject(self.session_id), cb=self._on_record,
-                                                   ordered_consumer=True, config=config,
-                                                   stream=names.SESSION_STREAM, idle_heartbeat=LEASE_HEARTBEAT_S)
+    async def start(self, deadline: float) -> None:
+        """Start reading the log after the claim, retrying consumer creation until `deadline`."""
+        async def subscribe() -> Subscription:
+            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                                        opt_start_seq=self.read_after + 1)
+            try:
+                return await self.client.js.subscribe(
+                    names.session_log_subject(self.session_id), cb=self._on_record, ordered_consumer=True,
+                    config=config, stream=names.SESSION_STREAM, idle_heartbeat=LEASE_HEARTBEAT_S)
+            except (nats.errors.Error, TimeoutError) as e:
+                raise errors.Unavailable(f"session log consumer not created: {type(e).__name__}",
+                                         session_id=self.session_id) from None
+        self._sub = await _retrying(subscribe, deadline, self.session_id)
         self._kicker = asyncio.create_task(self._kick())
 
     async def stop(self) -> None:
@@ -250,6 +262,13 @@ class Lease:
     async def _on_record(self, msg) -> None:
         if self.revoked.is_set():
             return
+        # An ordered consumer that restarts before its first delivery (missed heartbeats in a leader
+        # election) starts again from the stream's first record: never read history twice or before
+        # the claim, where older owners would look like a revocation.
+        position = msg.metadata.sequence.stream
+        if position <= self._seen:
+            return
+        self._seen = position
         record = decode(msg.data, LogRecord)
         event = record.event
         if isinstance(event, Release) and core.accepts(self.owner, event):
@@ -313,3 +332,17 @@ class Lease:
         except (nats.errors.Error, TimeoutError) as e:
             raise errors.Unavailable(f"applied cursor not recorded: {type(e).__name__}",
                                      session_id=self.session_id) from None
+
+
+async def _retrying(attempt, deadline: float, session_id: str):
+    """`await attempt()`, retried with backoff while it fails transiently and `deadline` allows."""
+    pause = 0.05
+    while True:
+        try:
+            return await attempt()
+        except (errors.Unavailable, errors.Timeout) as e:
+            if time.monotonic() + pause > deadline:
+                raise
+            _log.warning("fence_unavailable_retry", session_id=session_id, detail=e.detail)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)

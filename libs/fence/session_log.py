@@ -76,6 +76,8 @@ async def read_tail(js: JetStreamContext, session_id: str) -> Tail:
         return Tail(core.EMPTY, 0)
     except nats.errors.TimeoutError:
         raise errors.Timeout("reading the session log timed out", session_id=session_id) from None
+    except (nats.errors.NoRespondersError, nats.js.errors.APIError) as e:  # e.g. a leader election
+        raise errors.Unavailable(f"session log unreadable: {type(e).__name__}", session_id=session_id) from None
     return Tail(decode(raw.data, LogRecord).view, raw.seq)
 
 

@@ -44,3 +44,28 @@ async def test_a_release_to_this_server_at_another_version_is_ignored(fence, nc,
         assert not lease.revoked.is_set()
     finally:
         await client.close()
+
+
+async def test_a_consumer_restarted_from_the_start_of_the_log_does_not_revoke_the_lease(fence, nc):
+    """An ordered consumer that restarts before its first delivery (missed heartbeats in a leader
+    election) asks for the log from its first record, where older owners stand: they are history
+    from before the claim, not a revocation, and no item is applied twice."""
+    js = nc.jetstream()
+    await ownership.assign(nc, js, SID, "A")
+    old = await ownership.assign(nc, js, SID, "A")
+    await write(js, Release(server_id="A", version=old.version, items=[item(1, "history")]))
+    mine = await ownership.assign(nc, js, SID, "E")
+    client = EngineClient(nc, js, "E")
+    await client.start()
+    try:
+        lease = await client.claim(SID, mine.version, cursor=1)
+        items = aiter(lease)
+        await write(js, Release(server_id="E", version=mine.version, items=[item(2, "before restart")]))
+        assert (await asyncio.wait_for(anext(items), 10)).seq == 2
+        # What nats-py does when heartbeats stop before a delivery: a new consumer from stream seq 1.
+        await lease._sub._sub._jsi.reset_ordered_consumer(1)
+        await write(js, Release(server_id="E", version=mine.version, items=[item(3, "after restart")]))
+        assert (await asyncio.wait_for(anext(items), 10)).seq == 3
+        assert not lease.revoked.is_set()
+    finally:
+        await client.close()
