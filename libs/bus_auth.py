@@ -130,9 +130,11 @@ def permissions(user: str) -> Permissions:
              *_js_create(_kv(names.ENGINES_BUCKET)), *_js_read(names.SESSION_STREAM),
              *_js_read(_kv(names.SESSIONS_BUCKET)), f"$KV.{names.SESSIONS_BUCKET}.*",
              *_js_read(_kv(names.CAPACITY_BUCKET)),  # host lifecycle (draining, drained) for the dashboard
+             # the dashboard's moves in flight (the mover's bucket) and their receipts (fleet_feed.py)
+             *_js_read(_kv(names.MOVES_INFLIGHT_BUCKET)),
              names.FENCE_REGISTER, names.FENCE_CLOSE, names.FENCE_ASSIGN, names.PLACEMENT_PLACE,
              names.PLACEMENT_HOSTS, names.PLACEMENT_DRAIN, names.PLACEMENT_UNDRAIN],
-            [names.ping_subject("admission")],
+            [names.ping_subject("admission"), names.MOVE_RECEIPT_SUBJECTS],
         ),
         "placement": (
             [*_js_create(_kv(names.ENGINES_BUCKET)), *_js_read(names.SESSION_STREAM),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import msgspec
 import nats
 import nats.errors
 import pytest
@@ -16,6 +17,7 @@ from libs import bus, bus_auth, errors, names
 from libs.fence import ownership
 from libs.schemas.base import encode
 from libs.schemas.fence import AssignNotice, RegisterReply, RegisterRequest
+from services.admission.fleet_feed import FleetFeed
 from tests.fence.conftest import start_fence
 
 
@@ -183,3 +185,28 @@ async def test_jetstream_api_is_scoped_per_service(nats_server, fence_as_fence, 
         assert (await cli.jetstream().stream_info(names.SESSION_STREAM)).config.name == names.SESSION_STREAM
     finally:
         await cli.close()
+
+
+async def test_admission_follows_moves_in_flight_and_their_receipts(nats_server, probes):
+    """The dashboard's feed, run as admission, sees the mover's in-flight journal and its receipts:
+    no STREAM.INFO refusal on the mover's bucket, no refused subscription to receipts."""
+    mover = await probes("mover")
+    journal = await bus.ensure_kv(mover.nc.jetstream(), names.MOVES_INFLIGHT_BUCKET)
+    await journal.put("m1", msgspec.msgpack.encode({"session_id": "s1", "source": "e0", "dest": "e1"}))
+    admission = await probes("admission")
+    feed = FleetFeed(admission.nc, admission.nc.jetstream(timeout=2.0), queue=lambda: None, heartbeat_s=0.2)
+    tasks: list[asyncio.Task] = []
+    await feed.start(lambda coro, _name: tasks.append(asyncio.create_task(coro)))
+    try:
+        await mover.nc.publish(names.move_receipt_subject("s1"), msgspec.msgpack.encode({"session_id": "s1", "outcome": "committed"}))
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while not (feed.inflight and feed.receipts):
+            assert asyncio.get_running_loop().time() < deadline, (feed.inflight, feed.receipts, admission.violations)
+            await asyncio.sleep(0.05)
+        assert feed.inflight["m1"]["dest"] == "e1"
+        assert not admission.violations
+    finally:
+        feed.stop()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
