@@ -123,7 +123,8 @@ def permissions(user: str) -> Permissions:
              names.SESSION_LOG_SUBJECTS, names.INPUT_SUBJECTS,
              f"$KV.{names.FENCE_META_BUCKET}.>", f"$KV.{names.SESSIONS_BUCKET}.>",
              names.assigned_subject("*"), names.FENCE_CLOSED, names.FENCE_KICK],
-            [names.service_subjects("fence"), names.output_subject("*")],
+            # a viewer's socket follows its session's output and owner changes (egress.py)
+            [names.service_subjects("fence"), names.output_subject("*"), names.SESSION_LOG_SUBJECTS],
         ),
         "admission": (
             [*_js_admin(_kv(names.ADMISSION_BUCKET)), f"$KV.{names.ADMISSION_BUCKET}.>",

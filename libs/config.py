@@ -47,7 +47,26 @@ class BaseConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics_host: str = "127.0.0.1"
 
 
+class HttpServerConfig(BaseConfig, kw_only=True):
+    """Limits every HTTP/WebSocket front door shares (libs/http_limits.py, libs/ws_limits.py)."""
+
+    http_max_connections: PositiveInt = 1024  # one more is answered 503 and closed
+    http_head_timeout_s: PositiveFloat = 10.0  # a request head's first byte to its last (slowloris: 408)
+    http_body_timeout_s: PositiveFloat = 30.0  # a request's body after its head (408)
+    http_idle_timeout_s: PositiveFloat = 60.0  # a keep-alive connection with no request is closed
+    ws_max_sockets: PositiveInt = 512  # open WebSockets; one more is refused 503 before the upgrade
+    ws_idle_timeout_s: PositiveFloat = 300.0  # an input socket with no message is closed (4408)
+    ws_send_timeout_s: PositiveFloat = 10.0  # a send a client does not take within this drops it
+
+
+
 C = TypeVar("C", bound=BaseConfig)
+T = TypeVar("T")
+
+
+def section(cfg: BaseConfig, prefix: str, cls: type[T]) -> T:
+    """The settings named `<prefix><field>` as a `cls` (a dataclass): `http_idle_timeout_s` → `idle_timeout_s`."""
+    return cls(**{name: getattr(cfg, prefix + name) for name in cls.__dataclass_fields__})  # type: ignore[attr-defined]
 _FIELD_RE = re.compile(r"(?:at `\$\.|unknown field `)([A-Za-z0-9_]+)")
 
 

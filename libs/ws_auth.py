@@ -31,7 +31,8 @@ from libs.telemetry import counter
 AUTH_TIMEOUT_S = 5.0
 CLOSE_UNAUTHORIZED = 4401  # application close code: authentication failed
 MAX_AUTH_BYTES = 1024
-_refused = counter("sf_ws_refused_total", "WebSockets refused, by reason (origin, token)")
+REFUSED = counter("sf_ws_refused_total",
+                  "WebSockets refused or closed by a limit, by reason (origin, token, sockets, idle, slow_reader)")
 ProblemBody = Callable[[errors.StatefleetError], dict]
 
 
@@ -55,7 +56,7 @@ class Origins:
             return
         own = _normal(f"{request.scheme}://{request.host}")
         if _normal(origin) not in self.allowed | {own}:
-            _refused.add(1, {"reason": "origin"})
+            REFUSED.add(1, {"reason": "origin"})
             raise errors.Forbidden("this origin may not open sockets here", field="Origin")
 
 
@@ -96,7 +97,7 @@ async def _first_token(ws: web.WebSocketResponse) -> str | None:
 
 
 async def _refuse(ws: web.WebSocketResponse, problem: dict) -> None:
-    _refused.add(1, {"reason": "token"})
+    REFUSED.add(1, {"reason": "token"})
     with contextlib.suppress(ConnectionError):
         await ws.send_json({"error": problem})
         await ws.close(code=CLOSE_UNAUTHORIZED, message=b"unauthorized")

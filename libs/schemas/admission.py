@@ -153,3 +153,10 @@ class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str | None = None
     retryable: bool = False
     verdict: AdmissionVerdict | None = None
+
+
+class MoveBody(msgspec.Struct, forbid_unknown_fields=True):
+    """An operator's move request (the dashboard's): the destination host and how long the move may take."""
+
+    to: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    deadline_s: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0

@@ -18,15 +18,16 @@ import contextlib
 import hmac
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
 from urllib.parse import urlsplit
 
 import msgspec
 from aiohttp import web
 
 from libs import errors
+from libs.schemas.admission import MoveBody
 from libs.schemas.motion import MoveReceipt
 from libs.ws_auth import Origins, authenticate_first_message
+from libs.ws_limits import SocketGate
 from services.admission.auth import Credentials
 from services.admission.fleet_feed import FleetFeed
 from services.admission.http import _json, _session_id
@@ -38,15 +39,11 @@ FEED_MIN_GAP_S = 0.25
 FEED_IDLE_S = 2.0  # a snapshot at least this often, so ages and dead hosts update
 
 
-class MoveBody(msgspec.Struct, forbid_unknown_fields=True):
-    to: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-    deadline_s: Annotated[float, msgspec.Meta(gt=0, le=300)] = 10.0
-
-
 Mover = Callable[[str, str, float], Awaitable[MoveReceipt]]
 
 
-def add_console(app: web.Application, *, feed: FleetFeed, admin_token: str, move: Mover, ingress_url: str) -> None:
+def add_console(app: web.Application, *, feed: FleetFeed, admin_token: str, move: Mover, ingress_url: str,
+                sockets: SocketGate) -> None:
     policy = _csp(ingress_url)
     origins = Origins([])  # the feed is for admission's own pages only
 
@@ -66,11 +63,18 @@ def add_console(app: web.Application, *, feed: FleetFeed, admin_token: str, move
 
     async def feed_socket(request: web.Request) -> web.StreamResponse:
         origins.check(request)
+        sockets.take()  # refused: 503 problem+json by the app's middleware, before the upgrade
+        try:
+            return await serve_feed(request)
+        finally:
+            sockets.give()
+
+    async def serve_feed(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(heartbeat=10.0)
         if await authenticate_first_message(request, ws, lambda t: _admin(t, admin_token), _problem) is None:
             return ws
         await ws.send_json({"authenticated": True})
-        sender = asyncio.create_task(_send_snapshots(ws, feed))
+        sender = asyncio.create_task(_send_snapshots(request, ws, feed, sockets))
         try:
             async for _ in ws:  # the page only listens; reading notices its close
                 pass
@@ -97,13 +101,15 @@ def add_console(app: web.Application, *, feed: FleetFeed, admin_token: str, move
     app.router.add_post("/v1/admin/sessions/{session_id}/move", move_session)
 
 
-async def _send_snapshots(ws: web.WebSocketResponse, feed: FleetFeed) -> None:
+async def _send_snapshots(request: web.Request, ws: web.WebSocketResponse, feed: FleetFeed,
+                          sockets: SocketGate) -> None:
     sent, last = -1, 0.0
     loop = asyncio.get_running_loop()
     while not ws.closed:
         if feed.version != sent or loop.time() - last >= FEED_IDLE_S:
             sent, last = feed.version, loop.time()
-            await ws.send_str(msgspec.json.encode({"snapshot": feed.snapshot()}).decode())
+            if not await sockets.send(request, ws, msgspec.json.encode({"snapshot": feed.snapshot()}).decode()):
+                return
         await asyncio.sleep(FEED_MIN_GAP_S)
 
 

@@ -194,6 +194,8 @@ def problem(e: StatefleetError) -> web.Response:
                    field=f.get("field") or None, fields=fields, reason=f.get("reason"), retryable=e.retryable,
                    verdict=verdict if isinstance(verdict, AdmissionVerdict) else None)
     headers = {"WWW-Authenticate": 'Bearer realm="statefleet-admin"'} if isinstance(e, Unauthorized) else {}
+    if isinstance(retry := f.get("retry_after_s"), int | float):
+        headers["Retry-After"] = str(max(1, round(retry)))
     if isinstance(e, NotFound | BadRequest | Unauthorized | Forbidden):
         log.info("http_client_error", code=e.code, detail=e.detail)
     return _problem_response(body, headers)

@@ -11,15 +11,18 @@ from libs.schemas.admission import (
     CreatedSession,
     CreateSession,
     FleetView,
+    MoveBody,
     Problem,
     QueueView,
     SessionStatus,
 )
+from libs.schemas.motion import MoveReceipt
 from libs.schemas.placement import HOST_ID_PATTERN, DrainReport, HostInfo, HostList
 
 _REF = "#/components/schemas/{name}"
 _, _COMPONENTS = msgspec.json.schema_components([CreateSession, CreatedSession, SessionStatus, QueueView, FleetView,
-                                                  HostList, HostInfo, DrainReport, Problem],
+                                                  HostList, HostInfo, DrainReport, MoveBody, MoveReceipt,
+                                                  Problem],
                                                  ref_template=_REF)
 
 
@@ -32,12 +35,19 @@ def _body(typ: type, description: str, media: str = "application/json") -> dict[
 
 
 def _problems(*statuses: int) -> dict[str, Any]:
-    return {str(s): _body(Problem, "the failure, naming the field", "application/problem+json") for s in statuses}
+    return {str(s): _body(Problem, "the failure, naming the field", "application/problem+json")
+            for s in sorted({*statuses, *_SHED})}
 
 
 _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
                "schema": {"type": "string", "pattern": SESSION_ID_PATTERN}}
 _ADMIN = [{"adminToken": []}]
+# The session routes take a tenant's API key or the admin token (either as a bearer token); a stack
+# configured with neither is a development stack and leaves them open (services/admission/auth.py).
+_SESSIONS = [{"apiKey": []}, {"adminToken": []}]
+# Any route may be shed before it is routed: too many connections (503), a request head or body
+# that did not arrive in time (408); see libs/http_limits.py.
+_SHED = (408, 503)
 _HOST_ID = {"name": "host_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": HOST_ID_PATTERN}}
 
 OPENAPI: dict[str, Any] = {
@@ -47,18 +57,20 @@ OPENAPI: dict[str, Any] = {
     "paths": {
         "/v1/sessions": {"post": {
             "operationId": "createSession",
-            "summary": "Admit a session against its contract and place it, or queue it",
+            "summary": "Admit a session against its contract and place it, or queue it", "security": _SESSIONS,
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(CreateSession)}}},
             "responses": {"201": _body(CreatedSession, "admitted, placed and assigned to an engine host"),
                           "202": _body(CreatedSession, "registered, waiting in the admission queue"),
-                          **_problems(400, 413, 422, 429, 503)},
+                          **_problems(400, 401, 413, 422, 429, 503)},
         }},
         "/v1/sessions/{session_id}": {
             "parameters": [_SESSION_ID],
             "get": {"operationId": "getSession", "summary": "A session's state, host and metrics",
-                    "responses": {"200": _body(SessionStatus, "the session"), **_problems(400, 404, 503)}},
+                    "security": _SESSIONS,
+                    "responses": {"200": _body(SessionStatus, "the session"), **_problems(400, 401, 404, 503)}},
             "delete": {"operationId": "deleteSession", "summary": "Forget a session (queued or placed)",
-                       "responses": {"204": {"description": "deleted"}, **_problems(400, 404, 503)}},
+                       "security": _SESSIONS,
+                       "responses": {"204": {"description": "deleted"}, **_problems(400, 401, 404, 503)}},
         },
         "/v1/admin/queue": {"get": {
             "operationId": "adminQueue", "summary": "The admission queue", "security": _ADMIN,
@@ -79,9 +91,20 @@ OPENAPI: dict[str, Any] = {
             "operationId": "adminUndrainHost", "summary": "Let a drained host take sessions again",
             "security": _ADMIN,
             "responses": {"200": _body(HostInfo, "the host"), **_problems(400, 401, 403, 404, 503)}}},
+        "/v1/admin/sessions/{session_id}/move": {"parameters": [_SESSION_ID], "post": {
+            "operationId": "adminMoveSession", "security": _ADMIN,
+            "summary": "Move a session live from its owner to another engine host, through the mover",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(MoveBody)}}},
+            "responses": {"200": _body(MoveReceipt, "the mover's receipt, whatever the outcome"),
+                          **_problems(400, 401, 403, 404, 413, 503, 504)}}},
     },
     "components": {
         "schemas": _COMPONENTS,
-        "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
+        "securitySchemes": {
+            "adminToken": {"type": "http", "scheme": "bearer",
+                           "description": "The operator's admin token (`var/admin_token` under `statefleet up`)"},
+            "apiKey": {"type": "http", "scheme": "bearer",
+                       "description": "A tenant's API key (admission's `api_keys`); its sessions only"},
+        },
     },
 }

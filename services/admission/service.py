@@ -30,15 +30,15 @@ from typing import Annotated
 import msgspec
 import nats.errors
 import nats.js.errors
-from aiohttp import web
 from opentelemetry import trace
 
-from libs import bus, names
-from libs.config import BaseConfig, PositiveFloat, PositiveInt
+from libs import bus, http_limits, names
+from libs.config import HttpServerConfig, PositiveFloat, PositiveInt, section
 from libs.contracts import Demand, Guard
 from libs.errors import Busy, Conflict, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
 from libs.fence import core as fence_core
 from libs.fence.ownership import assign, read_owner, update_summary
+from libs.http_limits import HttpLimits
 from libs.live_hosts import LiveHosts
 from libs.schemas.admission import (
     AdmissionMetrics,
@@ -67,6 +67,7 @@ from libs.schemas.placement import (
 )
 from libs.service import Service
 from libs.telemetry import counter, histogram, traced
+from libs.ws_limits import SocketGate, SocketLimits
 from services.admission import http, media_rate
 from services.admission.auth import OPEN, Caller, Credentials
 from services.admission.console import add_console
@@ -77,7 +78,7 @@ _verdicts = counter("sf_admission_verdicts_total", "Admission verdicts by outcom
 _queue_wait = histogram("sf_admission_queue_wait", "Created to placed, for sessions that waited", unit="s")
 
 
-class AdmissionConfig(BaseConfig, kw_only=True):
+class AdmissionConfig(HttpServerConfig, kw_only=True):
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8700
     admin_token: str = ""  # bearer token for /v1/admin/* and every session; empty disables the admin routes
@@ -122,12 +123,10 @@ class AdmissionService(Service):
         self.feed = FleetFeed(self.nc, self.js, queue=self.queue_view, heartbeat_s=cfg.heartbeat_s)
         await self.feed.start(self.spawn)
         app = http.make_app(self, Credentials(cfg.admin_token, cfg.api_keys))
-        add_console(app, feed=self.feed, admin_token=cfg.admin_token, move=self.move, ingress_url=cfg.ingress_url)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)
-        await site.start()
-        self.http_port = site._server.sockets[0].getsockname()[1]
+        add_console(app, feed=self.feed, admin_token=cfg.admin_token, move=self.move, ingress_url=cfg.ingress_url,
+                    sockets=SocketGate(section(cfg, "ws_", SocketLimits)))
+        self._runner, self.http_port, self.http_guard = await http_limits.serve(
+            app, cfg.http_host, cfg.http_port, section(cfg, "http_", HttpLimits), "admission")
         self.log.info("http_listening", host=cfg.http_host, port=self.http_port)
 
     async def teardown(self) -> None:

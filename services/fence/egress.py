@@ -33,6 +33,7 @@ from libs.schemas.base import decode
 from libs.schemas.fence import LogRecord
 from libs.telemetry import counter
 from libs.ws_auth import authenticate_first_message
+from libs.ws_limits import SocketGate
 from services.fence.problems import problem_body
 from services.fence.sessions import Sessions
 
@@ -87,11 +88,18 @@ class Outbox:
 
 
 class Egress:
-    def __init__(self, nc: NATS, sessions: Sessions, *, max_buffered: int = 256) -> None:
-        self.nc, self.sessions, self.max_buffered = nc, sessions, max_buffered
+    def __init__(self, nc: NATS, sessions: Sessions, sockets: SocketGate, *, max_buffered: int = 256) -> None:
+        self.nc, self.sessions, self.sockets, self.max_buffered = nc, sessions, sockets, max_buffered
 
     async def handle(self, request: web.Request, token: str | None) -> web.StreamResponse:
         session_id = session_log.check_session_id(request.match_info["session_id"])
+        self.sockets.take()
+        try:
+            return await self._serve(request, session_id, token)
+        finally:
+            self.sockets.give()
+
+    async def _serve(self, request: web.Request, session_id: str, token: str | None) -> web.StreamResponse:
         ws = track(request, web.WebSocketResponse(heartbeat=10.0))
         if token is None:  # a browser: the token comes in the first message
             if await authenticate_first_message(request, ws,
@@ -122,7 +130,7 @@ class Egress:
                 await ws.prepare(request)
             with contextlib.suppress(errors.StatefleetError):  # no tail yet: the first log record tells
                 owners.seen((await read_owner(self.sessions.js, session_id)).view)
-            forward = asyncio.create_task(self._forward(ws, box))
+            forward = asyncio.create_task(self._forward(request, ws, box))
             try:
                 async for _ in ws:  # the client only listens; reading notices its close
                     pass
@@ -136,14 +144,10 @@ class Egress:
                     await sub.unsubscribe()
         return ws
 
-    @staticmethod
-    async def _forward(ws: web.WebSocketResponse, box: Outbox) -> None:
+    async def _forward(self, request: web.Request, ws: web.WebSocketResponse, box: Outbox) -> None:
         while not ws.closed:
-            item = await box.next()
-            if isinstance(item, bytes):
-                await ws.send_bytes(item)
-            else:
-                await ws.send_str(item)
+            if not await self.sockets.send(request, ws, await box.next()):
+                return  # a viewer that stopped reading is dropped, not waited for
 
 
 class _OwnerChanges:

@@ -34,6 +34,7 @@ from libs import errors
 from libs.fence import session_log
 from libs.schemas.fence import SessionMeta
 from libs.ws_auth import Origins, authenticate_first_message
+from libs.ws_limits import SocketGate
 from services.fence.egress import OPEN_SOCKETS, Egress, close_sockets, track
 from services.fence.gateway import Gateway
 from services.fence.inputs import InputAppender, Stored
@@ -60,9 +61,9 @@ _EXPECTED_START = {"text": ord('"'), "action": ord("{"), "audio": ord('"'), "jso
 
 class Ingress:
     def __init__(self, sessions: Sessions, appender: InputAppender, gateway: Gateway, egress: Egress, *,
-                 max_item_bytes: int, max_pending_items: int, origins: Origins) -> None:
+                 max_item_bytes: int, max_pending_items: int, origins: Origins, sockets: SocketGate) -> None:
         self.sessions, self.appender, self.gateway, self.egress = sessions, appender, gateway, egress
-        self.origins = origins
+        self.origins, self.sockets = origins, sockets
         self.max_item_bytes = max_item_bytes
         self.max_pending_items = max_pending_items
 
@@ -142,8 +143,15 @@ class Ingress:
             self.origins.check(request)
             if token is not None:
                 await self.sessions.authenticate(session_id, token)
+            self.sockets.take()
         except errors.StatefleetError as e:
             return problem(e)
+        try:
+            return await self._serve_input(request, session_id, token)
+        finally:
+            self.sockets.give()
+
+    async def _serve_input(self, request: web.Request, session_id: str, token: str | None) -> web.WebSocketResponse:
         ws = track(request, web.WebSocketResponse(max_msg_size=self.max_item_bytes + 1024))
         if token is None:
             token = await authenticate_first_message(
@@ -157,9 +165,9 @@ class Ingress:
         # as their stores complete, so the socket keeps up to WS_WINDOW items in flight.
         answers: asyncio.Queue[asyncio.Future[Stored] | errors.StatefleetError | None] = \
             asyncio.Queue(WS_WINDOW)
-        answering = asyncio.create_task(self._answer(ws, session_id, answers))
+        answering = asyncio.create_task(self._answer(request, ws, session_id, answers))
         try:
-            async for msg in ws:
+            while (msg := await self.sockets.receive(request, ws)) is not None:
                 if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                     break
                 body = msg.data.encode() if msg.type == WSMsgType.TEXT else msg.data
@@ -178,7 +186,8 @@ class Ingress:
                 await answering
         return ws
 
-    async def _answer(self, ws: web.WebSocketResponse, session_id: str, answers: asyncio.Queue) -> None:
+    async def _answer(self, request: web.Request, ws: web.WebSocketResponse, session_id: str,
+                      answers: asyncio.Queue) -> None:
         while (answer := await answers.get()) is not None:
             if isinstance(answer, asyncio.Future):
                 try:
@@ -191,8 +200,7 @@ class Ingress:
                 answer = {"error": problem_body(answer)}
             if ws.closed:
                 continue  # the client went away: still wait for what it sent, so nothing is cut mid-store
-            with contextlib.suppress(ConnectionError):
-                await ws.send_json(answer)
+            await self.sockets.send(request, ws, msgspec.json.encode(answer).decode())
 
     async def _output(self, request: web.Request) -> web.StreamResponse:
         try:

@@ -16,4 +16,6 @@ def problem_body(e: errors.StatefleetError) -> dict:
 
 def problem(e: errors.StatefleetError) -> web.Response:
     body = problem_body(e)
-    return web.json_response(body, status=body["status"], content_type="application/problem+json")
+    retry = e.fields.get("retry_after_s")
+    headers = {"Retry-After": str(max(1, round(retry)))} if isinstance(retry, int | float) else None
+    return web.json_response(body, status=body["status"], content_type="application/problem+json", headers=headers)

@@ -10,15 +10,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from aiohttp import web
 
-from libs import bus, names
-from libs.config import BaseConfig, PositiveFloat, PositiveInt
+from libs import bus, http_limits, names
+from libs.config import HttpServerConfig, PositiveFloat, PositiveInt, section
 from libs.fence import ownership, session_log
+from libs.http_limits import HttpLimits
 from libs.schemas.fence import AssignRequest, CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
 from libs.service import Service
 from libs.telemetry import traced
 from libs.ws_auth import Origins
+from libs.ws_limits import SocketGate, SocketLimits
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
@@ -28,7 +29,7 @@ from services.fence.sessions import Sessions
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
 
-class FenceConfig(BaseConfig, kw_only=True):
+class FenceConfig(HttpServerConfig, kw_only=True):
     http_host: str = "127.0.0.1"
     http_port: Port = 8701  # 0 = any free port (tests); `statefleet up` passes 8701
     max_item_bytes: PositiveInt = 64 * 1024
@@ -76,14 +77,12 @@ class FenceService(Service):
                             queue="fence")
         await self.nc.subscribe(names.FENCE_CLOSED, cb=self._on_closed)
         await self.gateway.start(self.spawn)
-        ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions),
-                          max_item_bytes=cfg.max_item_bytes,
-                          max_pending_items=cfg.max_pending_items, origins=Origins(cfg.allowed_origins.split(",")))
-        self._runner = web.AppRunner(ingress.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)
-        await site.start()
-        self.http_port = self._runner.addresses[0][1]
+        sockets = SocketGate(section(cfg, "ws_", SocketLimits))
+        self.ingress = ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions, sockets),
+                          max_item_bytes=cfg.max_item_bytes, max_pending_items=cfg.max_pending_items,
+                          origins=Origins(cfg.allowed_origins.split(",")), sockets=sockets)
+        self._runner, self.http_port, self.http_guard = await http_limits.serve(
+            ingress.app(), cfg.http_host, cfg.http_port, section(cfg, "http_", HttpLimits), "fence")
         self.log.info("ingress_listening", host=cfg.http_host, port=self.http_port)
 
     async def _assign(self, request: AssignRequest):
