@@ -198,6 +198,7 @@ async def test_admission_follows_moves_in_flight_and_their_receipts(nats_server,
     tasks: list[asyncio.Task] = []
     await feed.start(lambda coro, _name: tasks.append(asyncio.create_task(coro)))
     try:
+        await admission.nc.flush()  # its receipt subscription is at the server before the mover publishes
         await mover.nc.publish(names.move_receipt_subject("s1"), msgspec.msgpack.encode({"session_id": "s1", "outcome": "committed"}))
         deadline = asyncio.get_running_loop().time() + 5.0
         while not (feed.inflight and feed.receipts):
