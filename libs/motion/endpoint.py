@@ -36,7 +36,8 @@ from libs.motion.host import StateHost
 from libs.motion.inprocess import InProcessChannel, local_receivers
 from libs.motion.mooncake import MooncakeChannel, MooncakeEngine
 from libs.motion.pool import StagingPool
-from libs.motion.receiver import DataPlane
+from libs.motion.receiver import DEFAULT_LIMITS, DataPlane
+from libs.motion.receiver import Limits as DataPlaneLimits
 from libs.motion.sender import SendOptions, send_state
 from libs.motion.shm import ShmChannel
 from libs.motion.slot import ShadowSlot, SlotState
@@ -64,7 +65,7 @@ SLOT_GRACE_S = 5.0  # a slot outlives its move's horizon by this much before it 
 class MotionEndpoint:
     def __init__(self, nc: NATS, host_id: str, host: StateHost, data_bind: str = "127.0.0.1:0", *,
                  tier: str = "T0", mooncake: MooncakeEngine | None = None, staging_bytes: int = 0,
-                 machine_id: str | None = None) -> None:
+                 machine_id: str | None = None, data_limits: DataPlaneLimits = DEFAULT_LIMITS) -> None:
         self.nc, self.host_id, self.host, self.tier = nc, host_id, host, tier
         self.mooncake = mooncake
         self.machine = machine.identity() if machine_id is None else machine_id
@@ -73,7 +74,7 @@ class MotionEndpoint:
         self.pool = StagingPool(staging_bytes, pin=self._device().type == "cuda") if staging_bytes > 0 else None
         if mooncake is not None and self.pool is not None:
             mooncake.register_pool(self.pool)
-        self.data = DataPlane(self._claim, data_bind, mooncake_engine=mooncake)
+        self.data = DataPlane(self._claim, data_bind, mooncake_engine=mooncake, limits=data_limits)
         self.slots: dict[str, ShadowSlot] = {}  # move_id -> incoming slot
         self.tokens: dict[str, ShadowSlot] = {}  # one-time data-plane tokens -> slot
         self.outgoing: dict[str, Manifest] = {}  # move_id -> manifest this host sent

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from libs.errors import IntegrityError
+from libs.errors import IntegrityError, Timeout
 from libs.motion import codec as wirecodec
 from libs.motion import crc, netio, wire
 from libs.motion.checked_copy import check_staged, copy_and_check
@@ -76,7 +76,7 @@ def receive_frames(conn: socket.socket, slot: ShadowSlot, flags: int, itemsizes:
                 checks.popleft().result()
             checks.append(crc.pool.submit(*job))
     except TimeoutError:
-        raise IntegrityError(f"sender went quiet for {conn.gettimeout()}s") from None
+        raise Timeout(f"sender went quiet for {conn.gettimeout()}s") from None
     finally:
         for c in checks:
             c.cancel()

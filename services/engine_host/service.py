@@ -17,10 +17,11 @@ import torch
 
 from libs import bus, names
 from libs.checkpoint import CheckpointStore
-from libs.config import BaseConfig, PositiveFloat, PositiveInt
+from libs.config import BaseConfig, PositiveFloat, PositiveInt, section
 from libs.errors import Timeout, Unavailable
 from libs.fence.client import EngineClient
 from libs.motion.endpoint import MotionEndpoint
+from libs.motion.receiver import Limits as DataPlaneLimits
 from libs.schemas.base import Msg, encode
 from libs.schemas.common import EngineEntry, ProfileRow
 from libs.schemas.engine import (
@@ -60,6 +61,10 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     checkpoint_every_s: PositiveFloat = 10.0  # fenced sessions are checkpointed this often (for failover)
     orphan_grace_s: PositiveFloat = 5.0  # a copy assigned away and not moved is closed after this long
     data_bind: str = "127.0.0.1:0"  # the mover's TCP data plane (host:port; port 0 picks one)
+    # Data-plane limits (libs/motion/receiver.py): open connections, the hello's deadline, silence mid-transfer.
+    data_max_connections: PositiveInt = 16
+    data_hello_timeout_s: PositiveFloat = 10.0
+    data_idle_timeout_s: PositiveFloat = 30.0
     staging_pool_bytes: int = 0  # pre-faulted arena for incoming moves (`libs.motion.pool`); 0: fresh memory
     # name -> "module:Class": serves a backend no distribution registers, or settles a name that
     # two distributions register under `statefleet.backends` (otherwise a start-up error)
@@ -146,7 +151,8 @@ class EngineHostService(Service):
             # Requests handled concurrently, so a long `advance` of one session never holds up another's.
             traced_handler = traced(f"engine.{verb}", self._bounded(verb, handler), host_id=self.host_id)
             await bus.serve(self.nc, subject, req_type, traced_handler, concurrency=cfg.verb_concurrency)
-        self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind, staging_bytes=cfg.staging_pool_bytes)
+        self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind, staging_bytes=cfg.staging_pool_bytes,
+                                     data_limits=section(cfg, "data_", DataPlaneLimits))
         self.data_addr = await self.motion.start()
         self.fence = EngineClient(self.nc, self.js, self.host_id, incarnation=self.incarnation,
                                   suspect_after_s=cfg.heartbeat_s * (names.HEARTBEAT_TTL_FACTOR - 1))
