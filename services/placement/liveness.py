@@ -6,6 +6,11 @@ A host process (host id + incarnation) is dead when
   stopped process, a partition; KV TTL expiry raises no watch event, so silence is the signal), or
 - the same host id beats with another incarnation (a restarted process inherits nothing).
 
+Silence only counts while we can hear: while placement's own connection or watch is down,
+every deadline is pushed back, and once the bus is back every host gets `bus_reconnect_grace_s`
+to reconnect and beat again (their entries may have expired by TTL meanwhile, and they come
+back on their own reconnect schedule), so a bus outage never reads as the fleet dying.
+
 An owner whose incarnation we never saw may be newer than our view (a claim can land just
 before its host's first heartbeat reaches us): it is given `unknown_grace_s` before it
 counts as dead, which also covers a placement that started after that process died.
@@ -59,10 +64,12 @@ class Liveness:
         """Every live host whose heartbeats stopped."""
         return [self._bury(h, "silent") for h, s in list(self.live.items()) if s.deadline <= now]
 
-    def postpone(self, now: float) -> None:
-        """While heartbeats cannot reach us, no host's silence counts: every deadline starts again at `now`."""
+    def postpone(self, now: float, grace_s: float = 0.0) -> None:
+        """While heartbeats cannot reach us, no host's silence counts: every deadline starts again at `now`
+        (and lies at least `grace_s` ahead: after our own outage, hosts need time to reconnect and beat)."""
         for s in self.live.values():
-            s.deadline = max(s.deadline, now + self.beats * (s.entry.heartbeat_s or self.default_heartbeat_s))
+            wait = max(grace_s, self.beats * (s.entry.heartbeat_s or self.default_heartbeat_s))
+            s.deadline = max(s.deadline, now + wait)
 
     def next_deadline(self) -> float | None:
         return min((s.deadline for s in self.live.values()), default=None)

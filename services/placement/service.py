@@ -68,6 +68,9 @@ class PlacementConfig(BaseConfig, kw_only=True):
     drain_move_deadline_s: PositiveFloat = 10.0  # each live move's horizon during a drain
     # A watch silent this long is re-opened (engines beat every 0.5 s, so theirs is short).
     engine_watch_silence_s: PositiveFloat = 3.0
+    # After placement's own connection to the bus comes back, hosts get this long to reconnect and beat
+    # before silence counts (their heartbeat entries may have expired while the bus was down).
+    bus_reconnect_grace_s: PositiveFloat = 10.0
     watch_silence_s: PositiveFloat = 10.0
 
 
@@ -127,6 +130,7 @@ class PlacementService(Service):
             spawn(self._on_death(d), name=f"placement:death:{d.host_id}", event="death_handling_failed")
 
     async def _expire_loop(self) -> None:
+        reconnects = self.nc.stats["reconnects"]
         while True:
             deadline = self.liveness.next_deadline()
             wait = 1.0 if deadline is None else max(0.0, deadline - time.monotonic())
@@ -139,6 +143,11 @@ class PlacementService(Service):
                 # We cannot hear heartbeats (our connection or watch was lost): silence says nothing about
                 # the hosts. Once the re-opened watch has caught up, every live host is heard afresh.
                 self.liveness.postpone(time.monotonic())
+                continue
+            if self.nc.stats["reconnects"] != reconnects:  # we were away: hosts may not have reconnected yet
+                reconnects = self.nc.stats["reconnects"]
+                self.liveness.postpone(time.monotonic(), self.config.bus_reconnect_grace_s)
+                self.log.info("liveness_grace_after_reconnect", grace_s=self.config.bus_reconnect_grace_s)
                 continue
             for d in self.liveness.expire(time.monotonic()):
                 await self._on_death(d)
