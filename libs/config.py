@@ -43,7 +43,11 @@ class BaseConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     otlp_endpoint: str = ""
     heartbeat_s: PositiveFloat = 2.0
     # Prometheus `/metrics` (libs/metrics_http.py): -1 off, 0 any free port; `statefleet up` gives each a port.
+    # Several instances on one machine: a per-instance `metrics_port_offset` (systemd: the unit's
+    # instance number), and a port already taken falls back to a free one (logged, and advertised in
+    # the instance's `sf_services` entry), so a second instance never fails to start over it.
     metrics_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = -1
+    metrics_port_offset: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 0
     metrics_host: str = "127.0.0.1"
 
 

@@ -82,7 +82,8 @@ class Service:
         await self.setup()
         if cfg.metrics_port >= 0:
             telemetry.setup(self.name, cfg.telemetry_exporter, cfg.otlp_endpoint, prometheus=True)
-            self._metrics, self.metrics_port = await metrics_http.start(cfg.metrics_host, cfg.metrics_port)
+            wanted = cfg.metrics_port + cfg.metrics_port_offset if cfg.metrics_port else 0
+            self._metrics, self.metrics_port = await metrics_http.start(cfg.metrics_host, wanted, log=self.log)
             self.log.info("metrics_listening", host=cfg.metrics_host, port=self.metrics_port)
         # Ping last: an answer means every verb `setup` serves is subscribed (callers use it as readiness).
         await bus.serve(self.nc, self.ping_subject, Ping, self._on_ping, queue=self.ping_queue)
@@ -141,7 +142,7 @@ class Service:
     async def _beat(self) -> None:
         entry = ServiceEntry(service=self.name, instance=self.instance, version=VERSION,
                              hostname=socket.gethostname(), pid=os.getpid(),
-                             started_at=self.started_at, heartbeat_at=time.time())
+                             started_at=self.started_at, heartbeat_at=time.time(), metrics_port=self.metrics_port)
         await self._services_kv.put(self._entry_key, encode(entry))
         await self.heartbeat()
 

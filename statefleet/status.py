@@ -95,7 +95,7 @@ async def print_status(nats_url: str, *, as_json: bool = False, all_sessions: bo
     print(f"services ({len(state['services'])})")
     for s in sorted(state["services"], key=lambda s: (s.service, s.instance)):
         print(f"  {s.service:<12} {s.instance:<24} v{s.version:<8} up {now - s.started_at:7.1f}s  "
-              f"pid {s.pid}@{s.hostname}")
+              f"pid {s.pid}@{s.hostname}" + (f"  metrics :{s.metrics_port}" if s.metrics_port >= 0 else ""))
     print(f"engine hosts ({len(hosts)})")
     engines = {e.host_id: e for e in state["engines"]}
     for host_id, (host_state, incarnation) in hosts.items():

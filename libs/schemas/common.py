@@ -40,6 +40,7 @@ class ServiceEntry(Msg):
     pid: int
     started_at: float
     heartbeat_at: float
+    metrics_port: int = -1  # where its /metrics listens (-1: none), so instances sharing a machine can be told apart
 
 
 class ProfileRow(Msg):
