@@ -128,7 +128,9 @@ async def throughput(port: int, tokens: dict[str, str], leases: dict[str, Lease]
     async def engine(lease: Lease) -> None:
         items = lease.__aiter__()
         for _ in range(per_session):
-            await anext(items)
+            item = await anext(items)
+            if lease.backlog == 0:  # caught up: report, as an engine host does (fence bounds what it releases)
+                await lease.report_applied(item.seq)
 
     start = time.perf_counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:

@@ -124,7 +124,9 @@ def permissions(user: str) -> Permissions:
              f"$KV.{names.FENCE_META_BUCKET}.>", f"$KV.{names.SESSIONS_BUCKET}.>",
              names.assigned_subject("*"), names.FENCE_CLOSED, names.FENCE_KICK],
             # a viewer's socket follows its session's output and owner changes (egress.py)
-            [names.service_subjects("fence"), names.output_subject("*"), names.SESSION_LOG_SUBJECTS],
+            # and the gateway hears owners' applied cursors (releases are bounded by them: gateway.py)
+            [names.service_subjects("fence"), names.output_subject("*"), names.SESSION_LOG_SUBJECTS,
+             names.APPLIED_SUBJECTS],
         ),
         "admission": (
             [*_js_admin(_kv(names.ADMISSION_BUCKET)), f"$KV.{names.ADMISSION_BUCKET}.>",

@@ -73,6 +73,17 @@ def input_session_id(subject: str) -> str:
 # KV: per-session metadata (contract, seed, token hash, checkpoint ref and cursor) and each
 # owner's applied cursor (`<sid>.applied`, written by the engine holding the lease).
 FENCE_META_BUCKET = "sf_fence_meta"
+# Every owner's applied-cursor put, as a core subject: the gateway hears its sessions' engines catch up.
+APPLIED_SUBJECTS = f"$KV.{FENCE_META_BUCKET}.*.applied"
+
+
+def applied_key(session_id: str) -> str:
+    return f"{session_id}.applied"
+
+
+def applied_session_id(subject: str) -> str:
+    """The session of an `APPLIED_SUBJECTS` subject."""
+    return subject.removeprefix(f"$KV.{FENCE_META_BUCKET}.").removesuffix(".applied")
 
 # Request/reply verbs of fence (queue group "fence").
 FENCE_REGISTER = "sf.fence.register"  # RegisterRequest → RegisterReply (caller: admission)

@@ -317,6 +317,11 @@ class Lease:
         self._epoch = self.client._epoch if epoch is None else epoch
         return True
 
+    @property
+    def backlog(self) -> int:
+        """Items released to this lease and not yet taken by its reader."""
+        return self._items.qsize()
+
     async def report_applied(self, cursor: int) -> None:
         """The engine's state now reflects every item up to `cursor` (kept in the meta bucket as a hint)."""
         if cursor < self.applied:
@@ -327,7 +332,7 @@ class Lease:
         # able to treat that as the typed, retryable error it is rather than lose its input loop.
         try:
             kv = await self.client.meta_kv()
-            await kv.put(f"{self.session_id}.applied", encode(AppliedCursor(
+            await kv.put(names.applied_key(self.session_id), encode(AppliedCursor(
                 server_id=self.owner.server_id, version=self.owner.version, cursor=cursor)))
         except (nats.errors.Error, TimeoutError) as e:
             raise errors.Unavailable(f"applied cursor not recorded: {type(e).__name__}",

@@ -209,7 +209,9 @@ class Assignments:
             if todo:
                 await self._regenerate(sid, todo, item.seq)
             now = time.monotonic()
-            if now - last_report >= REPORT_EVERY_S:
+            # Caught up: report now, since fence releases more only as the cursor advances (a bounded
+            # per-session queue); busy: at most every REPORT_EVERY_S.
+            if now - last_report >= REPORT_EVERY_S or lease.backlog == 0:
                 last_report = now
                 with contextlib.suppress(StatefleetError):
                     await lease.report_applied(item.seq)

@@ -12,6 +12,13 @@ an assign or claim landing in between moves the log, so the stale append fails.
 
 While a session is unclaimed its items simply stay in the input stream (acked
 from the consumer: the claim's kick releases them); ingress bounds how many wait.
+
+The owner's queue is bounded too: at most `max_unapplied` items are released beyond
+the owner's applied cursor (`<sid>.applied`, which its engine reports as it takes
+items). An engine that cannot keep up is released no more; its items wait, stored,
+in the input stream, until its cursor advances (the gateway hears every cursor put),
+and ingress answers 429 once `max_pending_items` wait: backpressure from the engine
+to the client, and nothing accepted is dropped.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from libs import bus, errors, names
 from libs.fence import core, session_log
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
-from libs.schemas.fence import InputBatch, Kick, KickReply
+from libs.schemas.fence import AppliedCursor, InputBatch, Kick, KickReply
 from libs.telemetry import counter
 from services.fence import input_reads
 
@@ -41,16 +48,23 @@ ACK_WAIT_S = 5.0
 # How long the consumer waits before its next fetch when all it fetched was released already. Only
 # items whose storing instance died before releasing them wait this long (plus ACK_WAIT_S if unacked).
 NET_PAUSE_S = 0.05
+HELD_RETRY_S = 1.0  # sessions held for their owner's cursor are looked at again this often
 _released = counter("sf_fence_released_items_total", "Items released to a claimed owner")
 _cas_lost = counter("sf_fence_release_cas_lost_total", "Release appends refused because the log moved")
 _malformed = counter("sf_fence_input_batches_malformed_total", "Input-stream messages the gateway skipped")
+_held = counter("sf_fence_release_held_total",
+                "Times a session's releases were held back because its owner had max_unapplied items queued")
 _consume_failed = counter("sf_fence_gateway_handle_failed_total", "Fetched batches the gateway failed to handle")
 
 
 class Gateway:
     def __init__(self, nc: NATS, js: JetStreamContext, *, batch: int, max_release_items: int,
-                 max_release_bytes: int) -> None:
+                 max_release_bytes: int, max_unapplied: int = 1 << 30) -> None:
         self.nc, self.js = nc, js
+        self.max_unapplied = max_unapplied
+        self._applied: dict[str, AppliedCursor] = {}  # each session owner's applied cursor: a hint
+        self._held: set[str] = set()  # sessions with items held back until their owner catches up
+        self._repumps: dict[str, asyncio.Task] = {}
         self.batch = batch
         self.max_release_items = max_release_items
         self.max_release_bytes = max_release_bytes
@@ -66,11 +80,13 @@ class Gateway:
         self._sub = await self.js.pull_subscribe(names.INPUT_SUBJECTS, durable=CONSUMER, stream=names.INPUT_STREAM,
                                                  config=config)
         await bus.serve(self.nc, names.FENCE_KICK, Kick, self._on_kick, queue="fence")
+        await self.nc.subscribe(names.APPLIED_SUBJECTS, cb=self._on_applied)
         self._task = spawn(self._consume(), "gateway")
+        spawn(self._retry_held(), "gateway-held")
 
     async def stop(self) -> None:
         """Stop fetching; unacked items go back to the shared consumer for another instance."""
-        tasks = [self._task, *self._offer_tasks.values()]
+        tasks = [self._task, *self._offer_tasks.values(), *self._repumps.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -94,6 +110,56 @@ class Gateway:
                     self.log.info("offer_pump_failed", session_id=session_id, error=repr(e))
         finally:
             del self._offer_tasks[session_id]
+
+    async def _on_applied(self, msg) -> None:
+        """An owner reported its applied cursor: release what was held back for it."""
+        try:
+            cursor = decode(msg.data, AppliedCursor)
+        except errors.StatefleetError:
+            return
+        session_id = names.applied_session_id(msg.subject)
+        self._applied[session_id] = cursor
+        if session_id in self._held:
+            self._repump(session_id)
+
+    async def _retry_held(self) -> None:
+        """The net under `_on_applied` (a put made while this instance was away is not heard)."""
+        while True:
+            await asyncio.sleep(HELD_RETRY_S)
+            for session_id in list(self._held):
+                self._applied.pop(session_id, None)  # read the cursor afresh
+                self._repump(session_id)
+
+    def _repump(self, session_id: str) -> None:
+        """Release what is held for the session, as a kick would (one pump at a time per session)."""
+        self._held.discard(session_id)
+        if session_id in self._repumps:
+            return
+
+        async def run() -> None:
+            try:
+                await self.pump(session_id)
+            except Exception as e:  # the net (`_retry_held`) or the next cursor put tries again
+                self._held.add(session_id)
+                self.log.info("held_pump_failed", session_id=session_id, error=repr(e))
+            finally:
+                del self._repumps[session_id]
+
+        self._repumps[session_id] = asyncio.create_task(run(), name=f"gateway-held-{session_id}")
+
+    async def _credit(self, session_id: str, owner, tail: session_log.Tail) -> int:
+        """How many more items the claimed owner may be released now (its queue's free room)."""
+        cursor = self._applied.get(session_id)
+        if cursor is None or (cursor.server_id, cursor.version) != (owner.server_id, owner.version):
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.errors.Error, TimeoutError,
+                                     errors.StatefleetError):
+                kv = await self.js.key_value(names.FENCE_META_BUCKET)
+                cursor = decode((await kv.get(names.applied_key(session_id))).value, AppliedCursor)
+            if cursor is None or (cursor.server_id, cursor.version) != (owner.server_id, owner.version):
+                # Nothing reported by this owner yet: count from where it stands as far as we know.
+                cursor = AppliedCursor(server_id=owner.server_id, version=owner.version, cursor=tail.view.released)
+            self._applied[session_id] = cursor
+        return cursor.cursor + self.max_unapplied - tail.view.released
 
     async def _on_kick(self, kick: Kick) -> KickReply:
         tail = await self.pump(session_log.check_session_id(kick.session_id))
@@ -186,7 +252,12 @@ class Gateway:
                 if target is not None and tail.view.released >= target:
                     return tail  # the items in hand are released; re-releases after a newer claim are its kick's
                 owner = core.current_owner(tail.view)
-                batch = await self._next_items(session_id, tail, ready) if owner else []
+                room = await self._credit(session_id, owner, tail) if owner else 0
+                if owner and room <= 0:
+                    _held.add(1)
+                    self._held.add(session_id)  # released once the owner's cursor moves
+                    return tail
+                batch = await self._next_items(session_id, tail, ready, room) if owner else []
                 if batch:
                     event = core.decide_release(tail.view, owner, [i for i, _ in batch], input_pos=batch[-1][1])
                     try:
@@ -203,22 +274,24 @@ class Gateway:
                 # re-opened released items, or a claim whose kick came before these items.
                 must_read = True
 
-    async def _next_items(self, session_id: str, tail: session_log.Tail,
-                          ready: dict[int, tuple[InputItem, int]]) -> list[tuple[InputItem, int]]:
+    async def _next_items(self, session_id: str, tail: session_log.Tail, ready: dict[int, tuple[InputItem, int]],
+                          room: int) -> list[tuple[InputItem, int]]:
         out: list[tuple[InputItem, int]] = []
-        size, seq = 0, tail.view.released + 1
-        while seq in ready and len(out) < self.max_release_items and size < self.max_release_bytes:
+        size, seq, most = 0, tail.view.released + 1, min(self.max_release_items, room)
+        while seq in ready and len(out) < most and size < self.max_release_bytes:
             out.append(ready[seq])
             size += len(ready[seq][0].data)
             seq += 1
         if out:
             return out
         return await input_reads.read_items(self.js, session_id, tail.view.released, tail.view.input_pos,
-                                       max_items=self.max_release_items, max_bytes=self.max_release_bytes)
+                                            max_items=most, max_bytes=self.max_release_bytes)
 
     def forget(self, session_id: str) -> None:
         """A closed session: drop what this instance kept for it (a pump in progress keeps its lock)."""
         self.tails.pop(session_id, None)
+        self._applied.pop(session_id, None)
+        self._held.discard(session_id)
         lock = self._locks.get(session_id)
         if lock is not None and not lock.locked():
             del self._locks[session_id]

@@ -117,8 +117,9 @@ class Ingress:
             if waiting >= self.max_pending_items:  # the cached release cursor may be behind: ask the log
                 waiting = last + unstored - await self.gateway.released(session_id, fresh=True)
         if waiting >= self.max_pending_items:
-            raise errors.Busy(f"{self.max_pending_items} items already wait for this session",
-                              session_id=session_id, max_pending_items=self.max_pending_items)
+            raise errors.Busy(f"{self.max_pending_items} items already wait for this session (its engine has not "
+                              "caught up, or it is not claimed yet); retry", session_id=session_id,
+                              max_pending_items=self.max_pending_items, retry_after_s=1)
 
     # -------------------------------------------------------------- HTTP
 

@@ -34,6 +34,9 @@ class FenceConfig(HttpServerConfig, kw_only=True):
     http_port: Port = 8701  # 0 = any free port (tests); `statefleet up` passes 8701
     max_item_bytes: PositiveInt = 64 * 1024
     max_pending_items: PositiveInt = 1024  # per session, stored but not yet released (e.g. while unclaimed)
+    # per session, released to its owner beyond the applied cursor it reported: the owner's queue bound;
+    # beyond it items wait unreleased, and past max_pending_items ingress answers 429
+    max_unapplied_items: PositiveInt = 256
     max_contract_bytes: PositiveInt = 64 * 1024
     gateway_batch: PositiveInt = 256  # items per consumer fetch
     max_release_items: PositiveInt = 64  # items per release record and per stored input batch
@@ -63,7 +66,7 @@ class FenceService(Service):
         kv = await self.js.key_value(names.FENCE_META_BUCKET)
         self.sessions = Sessions(self.nc, self.js, kv, max_contract_bytes=cfg.max_contract_bytes)
         self.gateway = Gateway(self.nc, self.js, batch=cfg.gateway_batch, max_release_items=cfg.max_release_items,
-                               max_release_bytes=cfg.max_release_bytes)
+                               max_release_bytes=cfg.max_release_bytes, max_unapplied=cfg.max_unapplied_items)
         self.appender = InputAppender(self.js, max_group_items=cfg.max_release_items,
                                       max_group_bytes=cfg.max_release_bytes, dedupe_items=cfg.dedupe_items,
                                       on_stored=self.gateway.offer)

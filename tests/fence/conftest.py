@@ -80,6 +80,9 @@ class ToyEngine:
         async for item in lease:
             assert isinstance(item, InputItem)
             applied.append(item.seq)
+            if lease.backlog == 0:  # caught up: say so, as an engine host does (fence bounds what it releases)
+                with contextlib.suppress(errors.Unavailable):
+                    await lease.report_applied(item.seq)
             if self.checkpoint_every and item.seq % self.checkpoint_every == 0:
                 ref = f"{self.client.server_id}:{lease.session_id}:{item.seq}"
                 self.checkpoints[ref] = list(applied)
