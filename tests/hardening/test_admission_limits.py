@@ -3,6 +3,8 @@ sessions, and a session that times out in the queue is closed at fence (its toke
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 
 from libs.fence.ownership import read_owner
@@ -69,3 +71,24 @@ async def test_a_c1_period_the_backend_cannot_stream_is_refused_or_completed(sta
         resp = await http.post("/v1/sessions", json=body(period_ms=None))
         assert resp.status in (201, 202), await resp.text()
         assert (await resp.json())["contract"]["period_ms"] == 100.0
+
+
+async def test_the_api_sheds_connections_and_slow_heads_typed(start_admission, placement):  # noqa: F811
+    """The same guard fronts admission: one connection over the cap is a 503 problem+json (in the
+    document as every operation's 503), a trickled head a 408; a normal request is served after."""
+    svc = await start_admission(http_max_connections=2, http_head_timeout_s=0.5)
+    held = [await asyncio.open_connection("127.0.0.1", svc.http_port) for _ in range(2)]
+    reader, writer = await asyncio.open_connection("127.0.0.1", svc.http_port)
+    answer = await asyncio.wait_for(reader.read(), 5.0)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 503") and b"application/problem+json" in answer
+    for _, w in held:
+        w.close()
+    await asyncio.sleep(0.1)
+    reader, writer = await asyncio.open_connection("127.0.0.1", svc.http_port)
+    writer.write(b"GET /v1/sessions/" + b"0" * 32 + b" HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+    answer = await asyncio.wait_for(reader.read(), 5.0)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{svc.http_port}") as http:
+        await problem(await http.get("/v1/sessions/" + "0" * 32, headers=auth(ADMIN_TOKEN)), 404)
