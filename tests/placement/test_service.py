@@ -31,8 +31,12 @@ async def beat(nc, *entries):
         await kv.put(e.host_id, encode(e))
 
 
-async def test_place_answers_the_first_fitting_host(nc):
+async def test_place_answers_the_first_fitting_host(nc, placement):  # noqa: F811
     await beat(nc, host("h0", busy=0.85, at=time.time()), host("h1", at=time.time()))
+    deadline = time.monotonic() + 10  # its watch delivers the beats a moment later (seconds, on a loaded machine)
+    while set(placement.liveness.live) != {"h0", "h1"}:
+        assert time.monotonic() < deadline, "placement never heard the hosts"
+        await asyncio.sleep(0.02)
     p = await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement)
     assert p.host_id == "h1" and p.estimate.fits
     assert await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement) == p  # a retry: same host
