@@ -189,3 +189,6 @@ class SessionDescriptor(Msg):
     pending: list[InputItem] = []  # accepted but not yet folded into the state (empty in checkpoints)
     image: RawImage | None = None  # init inputs: the destination regenerates `static` leaves from them
     audio: bytes = b""
+    # The leaf roles the tree carries: ["moved"], or ["moved", "rebuildable"] when the source judged
+    # a rebuild dearer than sending those leaves (`rebuild_choice`); the destination rebuilds the rest.
+    sent_roles: tuple[str, ...] = ("moved",)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from libs.schemas.base import Msg
 from libs.schemas.common import InputItem
+from libs.schemas.engine import RawImage
 
 
 class Owner(Msg, frozen=True):
@@ -91,6 +92,9 @@ class SessionSpec(Msg):
     backend: str
     seed: int
     prompt: str = ""
+    # The other init inputs: a replacement regenerates the session's `static` leaves from them.
+    image: RawImage | None = None
+    audio: bytes = b""
     contract: bytes = b""  # opaque msgpack written by admission
     tier: int = 0  # quality tier
     # What the session's backend takes (from its hosts' profile rows), so ingress refuses the rest

@@ -50,9 +50,10 @@ REPORT_EVERY_S = 0.5
 
 
 def open_spec(meta: SessionMeta) -> OpenSession:
-    """The engine session a registered session starts as, from its contract."""
+    """The engine session a registered session starts as, from its contract and init inputs."""
     contract = msgspec.msgpack.decode(meta.contract, type=Contract)
     return OpenSession(session_id=meta.session_id, backend=meta.backend, seed=meta.seed, prompt=meta.prompt,
+                       image=meta.image, audio=meta.audio,
                        quality_floor=contract.quality_floor, session_class=contract.session_class,
                        period_ms=contract.release_period_ms, determinism=contract.determinism)
 

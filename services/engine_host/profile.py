@@ -12,6 +12,7 @@ from libs.schemas.common import ProfileRow
 from libs.schemas.engine import SessionInit
 from services.engine_host.backends import Backend
 from services.engine_host.backends import spec as specs
+from services.engine_host.backends.base import init_kinds, max_init_bytes
 
 DIRTY_CHUNK_BYTES = 1 << 20  # the mover's default chunk: what a pre-copy round resends is counted in these
 
@@ -30,6 +31,7 @@ def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[Profi
     spec = backend.state_spec()
     moved = specs.select(state, spec)
     rows = []
+    rebuild_ms = 0.0
     for tier in backend.tiers:
         quantum, whole = [], []
         dirty = 0
@@ -49,13 +51,25 @@ def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[Profi
                 whole.append((time.perf_counter() - t0) * 1000)
             if before is not None:
                 dirty = dirty_bytes(before, chunk_crcs(moved))
+        if not rebuild_ms and specs.tensor_bytes(spec, "rebuildable"):
+            rebuild_ms = _time_rebuild(backend, state)
         rows.append(ProfileRow(backend=backend.name, tier=tier, quantum_ms=statistics.median(quantum),
                                block_ms=statistics.median(whole), state_bytes=tree_bytes(state),
                                media_s_per_block=backend.media_s_per_block, moved_bytes=tree_bytes(moved),
                                dirty_bytes_per_block=dirty,
                                input_kinds=sorted(backend.input_kinds),
-                               max_input_bytes=getattr(backend, "max_input_bytes", 0)))
+                               max_input_bytes=getattr(backend, "max_input_bytes", 0), rebuild_ms=rebuild_ms,
+                               init_kinds=sorted(init_kinds(backend)), max_init_bytes=max_init_bytes(backend)))
     return rows
+
+
+def _time_rebuild(backend: Backend, state: dict) -> float:
+    """What re-deriving the scratch session's rebuildable leaves takes (a rebuild is exact, so
+    running it on the live scratch state changes nothing)."""
+    t0 = time.perf_counter()
+    backend.rebuild(state)
+    _sync(backend)
+    return (time.perf_counter() - t0) * 1000
 
 
 def chunk_crcs(tree: dict, chunk_bytes: int = DIRTY_CHUNK_BYTES) -> list[tuple[int, int]]:

@@ -1,7 +1,7 @@
 """Session registration and shared metadata (`sf_fence_meta` KV), served on `sf.fence.<verb>`.
 
 The metadata is what a replacement server rebuilds a session from: contract, seed,
-prompt, tier and the latest checkpoint with the cursor it reflects. Only the
+init inputs (prompt, image, audio), tier and the latest checkpoint with the cursor it reflects. Only the
 session's claimed owner moves the checkpoint, and only forward. The input token
 is returned once at registration; only its SHA-256 is stored.
 """
@@ -14,6 +14,7 @@ import re
 import secrets
 import time
 
+import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
@@ -21,7 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from libs import bus, errors, names
+from libs import bus, errors, init_inputs, names
 from libs.fence import core, ownership, session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import INPUT_KINDS, SessionSummary
@@ -52,7 +53,7 @@ class Sessions:
     def __init__(self, nc: NATS, js: JetStreamContext, kv: KeyValue, *, max_contract_bytes: int) -> None:
         self.nc, self.js, self.kv = nc, js, kv
         self.max_contract_bytes = max_contract_bytes
-        self._cache: dict[str, SessionMeta] = {}  # for ingress authentication; evicted on close
+        self._cache: dict[str, SessionMeta] = {}  # for ingress authentication (`_slim`); evicted on close
 
     # -------------------------------------------------------------- verbs
 
@@ -66,6 +67,8 @@ class Sessions:
         if len(req.contract) > self.max_contract_bytes:
             raise errors.TooLarge(f"contract is {len(req.contract)} bytes (max {self.max_contract_bytes})",
                                   session_id=req.session_id)
+        # Form and size: the kinds are the backend's to say (admission and the engine check those).
+        init_inputs.check(req.prompt, req.image, req.audio, backend=req.backend, session_id=req.session_id)
         token = secrets.token_urlsafe(32)
         spec = {name: getattr(req, name) for name in SessionSpec.__struct_fields__}
         meta = SessionMeta(**spec, token_sha256=token_digest(token), created_at=time.time())
@@ -73,7 +76,7 @@ class Sessions:
             await self.kv.create(req.session_id, encode(meta))
         except nats.js.errors.KeyWrongLastSequenceError:
             raise errors.Conflict("session already registered", session_id=req.session_id) from None
-        self._cache[req.session_id] = meta
+        self._cache[req.session_id] = _slim(meta)
         _log.info("session_registered", session_id=req.session_id, backend=req.backend)
         summaries = await self.js.key_value(names.SESSIONS_BUCKET)
         await summaries.put(req.session_id, encode(SessionSummary(
@@ -149,7 +152,7 @@ class Sessions:
             except errors.NotFound:
                 raise errors.Unauthorized("missing or wrong input token", session_id=session_id) from None
             if not meta.closed:
-                self._cache[session_id] = meta
+                self._cache[session_id] = _slim(meta)
         if not hmac.compare_digest(token_digest(token), meta.token_sha256):
             raise errors.Unauthorized("missing or wrong input token", session_id=session_id)
         if meta.closed:
@@ -176,5 +179,11 @@ class Sessions:
         if meta.closed:
             self._cache.pop(meta.session_id, None)
         else:
-            self._cache[meta.session_id] = meta
+            self._cache[meta.session_id] = _slim(meta)
         return True
+
+
+def _slim(meta: SessionMeta) -> SessionMeta:
+    """What ingress authenticates with, kept per live session: without the init media (up to
+    `init_inputs.MAX_INIT_BYTES` each), which only a server starting the session reads."""
+    return msgspec.structs.replace(meta, image=None, audio=b"")

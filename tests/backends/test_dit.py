@@ -122,7 +122,7 @@ def test_a_rebuilt_decoder_cache_equals_the_live_one_and_the_next_blocks_match(b
     b = DitWorldBackend()
     state, _ = run(b, blocks, 2)
     moved = clone_tree(specs.select(state, b.state_spec()))
-    rebuilt = complete(b, moved, 5, ROAD)
+    rebuilt, _ = complete(b, moved, 5, ROAD)
     assert trees_equal(rebuilt, state)  # vae caches re-derived, cross-attention regenerated
     _, o1 = run(b, 4, 3, state=state)
     _, o2 = run(b, 4, 3, state=rebuilt)

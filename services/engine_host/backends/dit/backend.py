@@ -38,6 +38,7 @@ class DitWorldBackend:
     name: ClassVar[str] = "dit"
     config_type: ClassVar[type] = DitConfig
     input_kinds = frozenset({"action"})
+    init_kinds = frozenset({"prompt", "image"})  # the image, when given, sets the cross-attention context
     batchable = False  # every session attends its own cache; blocks run one session at a time
 
     def __init__(self, config: DitConfig | None = None, device: torch.device | str = "cpu") -> None:

@@ -44,33 +44,72 @@ def _conv_inputs(c: DitConfig) -> list[tuple[int, int, int]]:
     return out + [(c.vae_channels[-1], h, w)]
 
 
+class _Enough(Exception):
+    """A replay has updated every cache it needed from this block."""
+
+
 def decode(c: DitConfig, w: Weights, caches: list[torch.Tensor], lat: torch.Tensor) -> torch.Tensor:
     """RGB [F, temporal_up, 3, H, W] in [0, 1] of latent frames [F, C, h, w]; advances the caches."""
+    out = _run(c, w, caches, lat, None)
+    Fb, _, H, W = out.shape
+    return out.reshape(Fb, c.temporal_up, 3, H, W)
+
+
+def _run(c: DitConfig, w: Weights, caches: list[torch.Tensor], lat: torch.Tensor, depth: int | None) -> torch.Tensor:
+    """The decoder over `lat`. With a `depth`, only the first `depth` causal convolutions are fed:
+    the one at `depth` takes its input into its cache without being computed, nothing after it
+    runs, and `_Enough` is raised."""
     it = iter(caches)
-    x = _conv(lat, w["vae.conv_in"], next(it))
+    done = 0
+
+    def conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        nonlocal done
+        done += 1
+        if done == depth:
+            _remember(x, next(it))
+            raise _Enough
+        return _conv(x, weight, next(it))
+
+    x = conv(lat, w["vae.conv_in"])
     for lvl, n in enumerate(c.vae_convs):
         if lvl:
             x = F.interpolate(x, scale_factor=2.0, mode="nearest")
             x = torch.einsum("fchw,cd->fdhw", x, w[f"vae.{lvl - 1}.up"])
         for j in range(0, n, 2):
-            y = _conv(F.silu(rms(x, 1)), w[f"vae.{lvl}.{j}"], next(it))
-            x = x + _conv(F.silu(rms(y, 1)), w[f"vae.{lvl}.{j + 1}"], next(it))
-    out = torch.sigmoid(_conv(F.silu(rms(x, 1)), w["vae.head"], next(it)))
-    Fb, _, H, W = out.shape
-    return out.reshape(Fb, c.temporal_up, 3, H, W)
+            y = conv(F.silu(rms(x, 1)), w[f"vae.{lvl}.{j}"])
+            x = x + conv(F.silu(rms(y, 1)), w[f"vae.{lvl}.{j + 1}"])
+    return torch.sigmoid(conv(F.silu(rms(x, 1)), w["vae.head"]))
 
 
 def rebuild(c: DitConfig, w: Weights, caches: list[torch.Tensor], latents: torch.Tensor, block: int) -> None:
     """Re-derive the feature caches from the latent history ring after `block` blocks: replay the
     decoder over the last `history_frames` latent frames, block by block as they were first decoded
-    (same shapes, so the same bytes), from an empty cache."""
+    (same shapes, so the same bytes), from an empty cache.
+
+    A cache holds its convolution's last CONV_T - 1 input frames, and each convolution looks
+    CONV_T - 1 frames back, so convolution k (1-based, of N) needs its input only over the last
+    (CONV_T - 1)·(N - k + 1) frames. A replayed block feeds just the convolutions that need it, and
+    the deepest one it feeds only takes its input into the cache: the head never runs, and the
+    older blocks stop after a few layers."""
     for t in caches:
         t.zero_()
     end = block * c.frames_per_block
-    H = c.history_frames
+    H, N = c.history_frames, len(caches)
     for start in range(max(0, end - H), end, c.frames_per_block):
+        after = end - (start + c.frames_per_block)  # frames decoded after this block
+        depth = sum(1 for k in range(1, N + 1) if (CONV_T - 1) * (N - k + 1) > after)
+        if depth == 0:
+            continue
         idx = torch.arange(start, start + c.frames_per_block, device=latents.device) % H
-        decode(c, w, caches, latents.index_select(0, idx))
+        try:
+            _run(c, w, caches, latents.index_select(0, idx), depth)
+        except _Enough:
+            pass
+
+
+def _remember(x: torch.Tensor, cache: torch.Tensor) -> None:
+    """What `_conv` leaves in its cache, without the convolution."""
+    cache.copy_(torch.cat([cache.float(), x])[-(CONV_T - 1):])
 
 
 def _conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
