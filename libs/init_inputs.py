@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from libs.errors import BadRequest, TooLarge, UnsupportedInput
+from libs.errors import BadInitInput, TooLarge, UnsupportedInput
 from libs.schemas.engine import AUDIO_SAMPLE_RATE, RawImage
 
 INIT_KINDS: tuple[str, ...] = ("prompt", "image", "audio")
@@ -27,15 +27,15 @@ def given(prompt: str, image: RawImage | None, audio: bytes) -> list[str]:
 
 def check(prompt: str, image: RawImage | None, audio: bytes, *, kinds: Collection[str] | None = None,
           max_bytes: int = MAX_INIT_BYTES, backend: str = "", **where: object) -> None:
-    """A typed error naming the field, and nothing else: a malformed image (`BadRequest`), audio
-    that is not whole int16 samples (`BadRequest`), media over `max_bytes` (`TooLarge`), or a kind
+    """A typed error naming the field, and nothing else: a malformed image (`BadInitInput`), audio
+    that is not whole int16 samples (`BadInitInput`), media over `max_bytes` (`TooLarge`), or a kind
     the backend does not take (`UnsupportedInput`; `kinds` None: not known, not checked)."""
     if image is not None and (image.width <= 0 or image.height <= 0
                               or len(image.rgb) != image.width * image.height * 3):
-        raise BadRequest(f"init image of {image.width}×{image.height} needs width·height·3 bytes of row-major RGB, "
+        raise BadInitInput(f"init image of {image.width}×{image.height} needs width·height·3 bytes of row-major RGB, "
                          f"got {len(image.rgb)}", field="image", **where)
     if len(audio) % 2:
-        raise BadRequest(f"init audio is {AUDIO_SAMPLE_RATE} Hz mono int16 LE PCM: an even number of bytes",
+        raise BadInitInput(f"init audio is {AUDIO_SAMPLE_RATE} Hz mono int16 LE PCM: an even number of bytes",
                          field="audio", **where)
     size = (len(image.rgb) if image is not None else 0) + len(audio)
     limit = min(max_bytes or MAX_INIT_BYTES, MAX_INIT_BYTES)

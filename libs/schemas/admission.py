@@ -11,7 +11,7 @@ import msgspec
 
 from libs.contracts import Contract, Demand, Estimate
 from libs.schemas.base import Msg
-from libs.schemas.engine import RawImage
+from libs.schemas.engine import Base64Bytes, RawImage
 
 SESSION_ID_PATTERN = "^[0-9a-f]{32}$"
 BACKEND_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
@@ -49,7 +49,7 @@ class CreateSession(Msg, kw_only=True, forbid_unknown_fields=True):
     # Init inputs besides the prompt, for backends that start from them (their profile rows say
     # which): `rgb` and `audio` are base64 in JSON; image + audio at most `libs.init_inputs.MAX_INIT_BYTES`.
     image: RawImage | None = None
-    audio: bytes = b""  # 16 kHz mono int16 LE PCM
+    audio: Base64Bytes = b""  # 16 kHz mono int16 LE PCM
 
 
 class SessionRecord(Msg):

@@ -107,6 +107,9 @@ class SessionMeta(SessionSpec):
     """What a replacement server rebuilds a session from, next to the log. Only the owner moves the checkpoint."""
 
     token_sha256: bytes = b""  # the input token itself is never stored
+    # Image + audio bytes of the init media, stored once under `names.init_media_key` (0: none) so the
+    # record that every checkpoint rewrites stays small; `sf.fence.meta` answers with them filled in.
+    init_media_bytes: int = 0
     checkpoint_ref: str = ""  # where the owner's latest checkpoint lives ("" = replay from seed)
     checkpoint_cursor: int = 0  # the item seq that checkpoint reflects
     closed: bool = False

@@ -1,7 +1,9 @@
 """Session registration and shared metadata (`sf_fence_meta` KV), served on `sf.fence.<verb>`.
 
 The metadata is what a replacement server rebuilds a session from: contract, seed,
-init inputs (prompt, image, audio), tier and the latest checkpoint with the cursor it reflects. Only the
+init inputs (prompt, image, audio), tier and the latest checkpoint with the cursor it reflects.
+The image and audio live under a key of their own (`<sid>.init`), written once: the record
+itself is rewritten by every checkpoint and cached per session for ingress, so it stays small. Only the
 session's claimed owner moves the checkpoint, and only forward. The input token
 is returned once at registration; only its SHA-256 is stored.
 """
@@ -14,7 +16,6 @@ import re
 import secrets
 import time
 
-import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
@@ -26,6 +27,7 @@ from libs import bus, errors, init_inputs, names
 from libs.fence import core, ownership, session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import INPUT_KINDS, SessionSummary
+from libs.schemas.engine import SessionInit
 from libs.schemas.fence import (
     CheckpointRequest,
     CloseReply,
@@ -53,7 +55,7 @@ class Sessions:
     def __init__(self, nc: NATS, js: JetStreamContext, kv: KeyValue, *, max_contract_bytes: int) -> None:
         self.nc, self.js, self.kv = nc, js, kv
         self.max_contract_bytes = max_contract_bytes
-        self._cache: dict[str, SessionMeta] = {}  # for ingress authentication (`_slim`); evicted on close
+        self._cache: dict[str, SessionMeta] = {}  # for ingress authentication; evicted on close
 
     # -------------------------------------------------------------- verbs
 
@@ -71,12 +73,17 @@ class Sessions:
         init_inputs.check(req.prompt, req.image, req.audio, backend=req.backend, session_id=req.session_id)
         token = secrets.token_urlsafe(32)
         spec = {name: getattr(req, name) for name in SessionSpec.__struct_fields__}
-        meta = SessionMeta(**spec, token_sha256=token_digest(token), created_at=time.time())
+        media = (len(req.image.rgb) if req.image is not None else 0) + len(req.audio)
+        meta = SessionMeta(**{**spec, "image": None, "audio": b""}, token_sha256=token_digest(token),
+                           created_at=time.time(), init_media_bytes=media)
         try:
+            if media:  # first: whoever reads the record finds its media
+                await self.kv.create(names.init_media_key(req.session_id),
+                                  encode(SessionInit(image=req.image, audio=req.audio)))
             await self.kv.create(req.session_id, encode(meta))
         except nats.js.errors.KeyWrongLastSequenceError:
             raise errors.Conflict("session already registered", session_id=req.session_id) from None
-        self._cache[req.session_id] = _slim(meta)
+        self._cache[req.session_id] = meta
         _log.info("session_registered", session_id=req.session_id, backend=req.backend)
         summaries = await self.js.key_value(names.SESSIONS_BUCKET)
         await summaries.put(req.session_id, encode(SessionSummary(
@@ -84,7 +91,14 @@ class Sessions:
         return RegisterReply(session_id=req.session_id, token=token)
 
     async def meta(self, req: MetaRequest) -> SessionMeta:
+        """The record with its init media, as a server starting the session needs it."""
         meta, _ = await self._read(session_log.check_session_id(req.session_id))
+        if meta.init_media_bytes and not meta.closed:  # a closed session starts nowhere again
+            try:
+                media = decode((await self.kv.get(names.init_media_key(req.session_id))).value, SessionInit)
+            except nats.js.errors.KeyNotFoundError:
+                raise errors.IntegrityError("the session's init media are missing", session_id=req.session_id) from None
+            meta.image, meta.audio = media.image, media.audio
         return meta
 
     async def checkpoint(self, req: CheckpointRequest) -> SessionMeta:
@@ -111,6 +125,8 @@ class Sessions:
             meta, revision = await self._read(req.session_id)
             meta.closed = True
             if await self._write(meta, revision):
+                if meta.init_media_bytes:
+                    await self._forget_media(req.session_id)
                 break
         await self.nc.publish(names.FENCE_CLOSED, req.session_id.encode())
         for _ in range(bus.MAX_CAS_ATTEMPTS):
@@ -126,6 +142,13 @@ class Sessions:
             _log.info("session_closed", session_id=req.session_id, log_seq=new.seq)
             return CloseReply(session_id=req.session_id, log_seq=new.seq)
         raise errors.Conflict("close kept losing the race", session_id=req.session_id)
+
+    async def _forget_media(self, session_id: str) -> None:
+        """A closed session's init media are read by no one again: free them."""
+        try:
+            await self.kv.purge(names.init_media_key(session_id))
+        except (nats.errors.Error, nats.js.errors.Error) as e:  # only storage until the bucket is cleaned
+            _log.warning("init_media_purge_failed", session_id=session_id, error=repr(e))
 
     async def _purge_input(self, session_id: str) -> None:
         """A closed session's stored input is never released again (its log ends in Close): free it."""
@@ -152,7 +175,7 @@ class Sessions:
             except errors.NotFound:
                 raise errors.Unauthorized("missing or wrong input token", session_id=session_id) from None
             if not meta.closed:
-                self._cache[session_id] = _slim(meta)
+                self._cache[session_id] = meta
         if not hmac.compare_digest(token_digest(token), meta.token_sha256):
             raise errors.Unauthorized("missing or wrong input token", session_id=session_id)
         if meta.closed:
@@ -179,11 +202,5 @@ class Sessions:
         if meta.closed:
             self._cache.pop(meta.session_id, None)
         else:
-            self._cache[meta.session_id] = _slim(meta)
+            self._cache[meta.session_id] = meta
         return True
-
-
-def _slim(meta: SessionMeta) -> SessionMeta:
-    """What ingress authenticates with, kept per live session: without the init media (up to
-    `init_inputs.MAX_INIT_BYTES` each), which only a server starting the session reads."""
-    return msgspec.structs.replace(meta, image=None, audio=b"")

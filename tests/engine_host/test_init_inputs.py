@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from libs.errors import BadRequest, UnsupportedInput
+from libs.errors import BadInitInput, UnsupportedInput
 from libs.schemas.engine import OpenSession, RawImage
 from services.engine_host.runtime import EngineRuntime
 
 
 @pytest.mark.parametrize(("kw", "error", "field"), [
     ({"audio": b"\0\0" * 8}, UnsupportedInput, "audio"),  # dit starts from a prompt or an image
-    ({"image": RawImage(width=2, height=2, rgb=b"\0" * 11)}, BadRequest, "image"),
+    ({"image": RawImage(width=2, height=2, rgb=b"\0" * 11)}, BadInitInput, "image"),
 ])
 async def test_open_refuses_init_inputs_the_backend_does_not_take_and_holds_nothing(kw, error, field):
     rt = EngineRuntime("cpu", host_id="h")
