@@ -131,6 +131,7 @@ class RegisterReply(Msg):
 
 class MetaRequest(Msg):
     session_id: str
+    init_media: bool = False  # also the init image and audio (up to 512 KiB): for a server starting the session
 
 
 class CheckpointRequest(Msg):

@@ -127,7 +127,7 @@ class Assignments:
         logs.bind(session_id=sid, server_id=self.client.server_id, version=version)
         held = self.host.holds(sid)
         try:
-            meta = await self.client.meta(sid)
+            meta = await self.client.meta(sid, init_media=True)  # a start from the seed needs them
             if meta.closed:
                 return
             cursor = await self._install(meta)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 
+import msgspec
+
 from libs.checkpoint import tree_bytes
 from libs.checkpoint.tree import tensors as tree_tensors
 from libs.motion import crc
@@ -31,7 +33,6 @@ def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[Profi
     spec = backend.state_spec()
     moved = specs.select(state, spec)
     rows = []
-    rebuild_ms = 0.0
     for tier in backend.tiers:
         quantum, whole = [], []
         dirty = 0
@@ -51,15 +52,16 @@ def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[Profi
                 whole.append((time.perf_counter() - t0) * 1000)
             if before is not None:
                 dirty = dirty_bytes(before, chunk_crcs(moved))
-        if not rebuild_ms and specs.tensor_bytes(spec, "rebuildable"):
-            rebuild_ms = _time_rebuild(backend, state)
         rows.append(ProfileRow(backend=backend.name, tier=tier, quantum_ms=statistics.median(quantum),
                                block_ms=statistics.median(whole), state_bytes=tree_bytes(state),
                                media_s_per_block=backend.media_s_per_block, moved_bytes=tree_bytes(moved),
                                dirty_bytes_per_block=dirty,
                                input_kinds=sorted(backend.input_kinds),
-                               max_input_bytes=getattr(backend, "max_input_bytes", 0), rebuild_ms=rebuild_ms,
+                               max_input_bytes=getattr(backend, "max_input_bytes", 0),
                                init_kinds=sorted(init_kinds(backend)), max_init_bytes=max_init_bytes(backend)))
+    if specs.tensor_bytes(spec, "rebuildable"):  # after every tier's blocks: the history a rebuild replays is full
+        rebuild_ms = _time_rebuild(backend, state)
+        rows = [msgspec.structs.replace(r, rebuild_ms=rebuild_ms) for r in rows]
     return rows
 
 

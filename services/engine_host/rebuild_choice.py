@@ -7,7 +7,10 @@ docs/backends.md), on a GPU host over a slow link far less. The host measures ea
 (seeded by one timed at start-up in the profile) and sends the leaves once the measured rebuild
 takes longer than their bytes at `wire_bps`. With nothing measured it keeps the declared role.
 The choice travels in the moved session's descriptor (`sent_roles`), so the destination knows
-whether to rebuild. Checkpoints always keep only the `moved` leaves: they are sized for storage.
+whether to rebuild. A measurement that tips the choice between a move's `register_state` and its
+`migrate` makes the sent state larger or smaller than the one admitted; the move then fails closed
+like any other mismatch, and the next one is consistent. Checkpoints always keep only the `moved`
+leaves: they are sized for storage.
 """
 
 from __future__ import annotations

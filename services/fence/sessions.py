@@ -91,9 +91,9 @@ class Sessions:
         return RegisterReply(session_id=req.session_id, token=token)
 
     async def meta(self, req: MetaRequest) -> SessionMeta:
-        """The record with its init media, as a server starting the session needs it."""
+        """The record, with its init media when asked (a server starting the session needs them)."""
         meta, _ = await self._read(session_log.check_session_id(req.session_id))
-        if meta.init_media_bytes and not meta.closed:  # a closed session starts nowhere again
+        if req.init_media and meta.init_media_bytes and not meta.closed:  # a closed one starts nowhere again
             try:
                 media = decode((await self.kv.get(names.init_media_key(req.session_id))).value, SessionInit)
             except nats.js.errors.KeyNotFoundError:

@@ -34,9 +34,12 @@ async def test_an_image_the_backend_takes_is_stored_with_the_session_at_fence(ht
     resp = await http.post("/v1/sessions", json={**body(), "image": image(64, 32)})
     assert resp.status == 201, await resp.text()
     sid = (await resp.json())["session_id"]
-    meta = await bus.request(admission.nc, names.FENCE_META, MetaRequest(session_id=sid), SessionMeta)
+    meta = await bus.request(admission.nc, names.FENCE_META, MetaRequest(session_id=sid, init_media=True),
+                             SessionMeta)
     assert (meta.image.width, meta.image.height) == (64, 32)
     assert base64.b64encode(meta.image.rgb).decode() == image(64, 32)["rgb"] and meta.prompt == "a quiet harbour"
+    plain = await bus.request(admission.nc, names.FENCE_META, MetaRequest(session_id=sid), SessionMeta)
+    assert plain.image is None and plain.contract == meta.contract  # what placement and the lease loops read
     kv = await admission.js.key_value(names.FENCE_META_BUCKET)
     record = decode((await kv.get(sid)).value, SessionMeta)  # what every checkpoint rewrites: no media
     assert record.image is None and record.init_media_bytes == 64 * 32 * 3
