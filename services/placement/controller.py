@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 LEASE_KEY = "fleet"
 STATUS_TIMEOUT_S = 2.0
+REDRAIN_AFTER_S = 10.0  # a drain that left sessions behind (no room) is tried again this long after
 
 _actions = counter("sf_placement_fleet_actions_total", "Fleet-controller actions applied, by kind and outcome")
 _round_time = histogram("sf_placement_fleet_round", "One fleet-controller round (snapshot, decide, apply)", unit="s")
@@ -69,6 +70,7 @@ class FleetController:
         self.activity = fleetview.Activity()
         self.busy: dict[str, tuple[str, str]] = {}  # session → (from, to): a move, suspend or resume in flight
         self.draining: set[str] = set()  # hosts a scale-in drain of ours is emptying
+        self.drain_ended: dict[str, float] = {}
         self.asked: dict[str, float] = {}  # host → when we asked the provisioner for it
         self.last_scale_out_at = float("-inf")
         self.last_scale_in_at = float("-inf")
@@ -115,6 +117,7 @@ class FleetController:
         decision = decide(fleet, cfg.params(svc.guard), rebalancing=cfg.rebalance,
                           scaling=self.provisioner is not None, offload=cfg.keep_warm_s > 0)
         self.rounds += 1
+        self._redrain(fleet)
         for r in decision.refusals:
             self.log.debug("fleet_refusal", kind=r.kind, session_id=r.session_id, host_id=r.host_id, reason=r.reason)
         await self._apply(decision, now)
@@ -155,21 +158,35 @@ class FleetController:
     # ------------------------------------------------------------ applying
 
     async def _apply(self, decision: Decision, now: float) -> None:
+        # Rebalancing runs before autoscaling within one decision, so a host chosen as a receiver may be the
+        # one scale-in then drains: such moves and resumes are dropped rather than sent onto a draining host.
+        leaving = {a.host_id for a in decision.actions if isinstance(a, Drain)}
         for a in decision.actions:
-            if isinstance(a, Move):
+            if isinstance(a, Move) and a.dst not in leaving:
                 self._start(a.session_id, a.src, a.dst, self._move(a), "move")
             elif isinstance(a, Suspend):
                 self._start(a.session_id, a.host_id, a.host_id, self._suspend(a), "suspend")
-            elif isinstance(a, Resume):
+            elif isinstance(a, Resume) and a.host_id not in leaving:
                 src = self._host_of(a.session_id)
                 if src:
                     self._start(a.session_id, src, a.host_id, self._resume(a, src), "resume")
             elif isinstance(a, ScaleOut):
                 await self._scale_out(a, now)
             elif isinstance(a, Drain):
-                await self._drain(a, now)
+                await self._drain(a.host_id, now)
             elif isinstance(a, Release):
                 await self._release(a)
+
+    def _redrain(self, fleet) -> None:
+        """A host of ours that is draining or drained yet owns a session (one that reached it while its drain
+        ran) is drained again, or it could never be given back."""
+        if self.provisioner is None:
+            return
+        states = {h.host_id: h.state for h in fleet.hosts}
+        for host in sorted({s.host_id for s in fleet.sessions} & self.provisioner.managed()):
+            if states.get(host) in ("draining", "drained") and host not in self.draining \
+                    and time.monotonic() - self.drain_ended.get(host, float("-inf")) > REDRAIN_AFTER_S:
+                self._start_drain(host)
 
     def _start(self, sid: str, src: str, dst: str, coro, kind: str) -> None:
         if sid in self.busy:
@@ -267,14 +284,16 @@ class FleetController:
         _actions.add(1, {"kind": "scale_out", "outcome": "ok" if started else "exhausted"})
         self.log.info("fleet_scale_out", asked=a.count, started=started)
 
-    async def _drain(self, a: Drain, now: float) -> None:
-        host = a.host_id
+    async def _drain(self, host: str, now: float) -> None:
         if host not in self.provisioner.managed() or host in self.draining:
             return  # a host we did not start is never given back, so never drained to be
         self.last_scale_in_at = now
-        self.draining.add(host)
         _actions.add(1, {"kind": "drain", "outcome": "ok"})
         self.log.info("fleet_scale_in", host_id=host)
+        self._start_drain(host)
+
+    def _start_drain(self, host: str) -> None:
+        self.draining.add(host)
 
         async def run() -> None:
             try:
@@ -283,6 +302,7 @@ class FleetController:
                               outcomes=[(o.session_id, o.outcome) for o in report.outcomes])
             finally:
                 self.draining.discard(host)
+                self.drain_ended[host] = time.monotonic()
 
         self._spawn(run(), f"drain:{host}")
 

@@ -15,6 +15,7 @@ async def test_an_idle_session_suspends_and_resumes_bit_exact_on_new_input(stack
     await stack.engines_up("e0")
     host = await create(stack, "idle", BULK)
     await stack.send("idle", 1, 2)
+    await eventually(lambda: _cursor(stack, host, "idle", 2))  # both items pending before any block runs
     await advance(stack, host, "idle", 2)
     before = await fingerprint(stack, host, "idle")
 
@@ -32,6 +33,7 @@ async def test_an_idle_session_suspends_and_resumes_bit_exact_on_new_input(stack
     ref_host = await create(stack, "ref", BULK)  # the same session, with the same input, never suspended
 
     await stack.send("ref", 1, 2)
+    await eventually(lambda: _cursor(stack, ref_host, "ref", 2))
     await advance(stack, ref_host, "ref", 2)
     await stack.send("ref", 3, 3)
     for sid, h in (("idle", host), ("ref", ref_host)):

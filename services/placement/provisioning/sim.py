@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 
 class SimProvisioner:
-    def __init__(self, *, clock: Callable[[], float], boot_s: float = 0.0, prefix: str = "sim-",
-                 limit: int = 1 << 30, on_start: Callable[[str], None] | None = None,
+    def __init__(self, *, clock: Callable[[], float], boot_s: float = 0.0,
+                 name: Callable[[int], str] = "sim-{}".format, limit: int = 1 << 30,
+                 on_start: Callable[[str], None] | None = None,
                  on_stop: Callable[[str], None] | None = None) -> None:
-        self.clock, self.boot_s, self.prefix, self.limit = clock, boot_s, prefix, limit
+        self.clock, self.boot_s, self.name, self.limit = clock, boot_s, name, limit
         self.on_start, self.on_stop = on_start, on_stop
         self.asked: dict[str, float] = {}  # host → when it was asked for
         self.stopped: list[str] = []
@@ -26,7 +27,7 @@ class SimProvisioner:
     def start(self, count: int) -> list[str]:
         out = []
         for _ in range(min(max(count, 0), self.limit - len(self.asked))):
-            host_id = f"{self.prefix}{self._next}"
+            host_id = self.name(self._next)
             self._next += 1
             self.asked[host_id] = self.clock()
             out.append(host_id)
