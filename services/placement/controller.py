@@ -120,7 +120,7 @@ class FleetController:
         self._redrain(fleet)
         for r in decision.refusals:
             self.log.debug("fleet_refusal", kind=r.kind, session_id=r.session_id, host_id=r.host_id, reason=r.reason)
-        await self._apply(decision, now)
+        await self._apply(decision, now, _residents(fleet))
         return decision
 
     async def _statuses(self, host_ids: list[str]) -> dict[str, list[SessionInfo]]:
@@ -157,12 +157,14 @@ class FleetController:
 
     # ------------------------------------------------------------ applying
 
-    async def _apply(self, decision: Decision, now: float) -> None:
+    async def _apply(self, decision: Decision, now: float, residents: dict[str, int]) -> None:
         # Rebalancing runs before autoscaling within one decision, so a host chosen as a receiver may be the
         # one scale-in then drains: such moves and resumes are dropped rather than sent onto a draining host.
         leaving = {a.host_id for a in decision.actions if isinstance(a, Drain)}
         for a in decision.actions:
-            if isinstance(a, Move) and a.dst not in leaving:
+            if isinstance(a, Move) and a.dst not in leaving and self._worth_it(a, residents):
+                residents[a.src] -= 1
+                residents[a.dst] = residents.get(a.dst, 0) + 1
                 self._start(a.session_id, a.src, a.dst, self._move(a), "move")
             elif isinstance(a, Suspend):
                 self._start(a.session_id, a.host_id, a.host_id, self._suspend(a), "suspend")
@@ -176,6 +178,17 @@ class FleetController:
                 await self._drain(a.host_id, now)
             elif isinstance(a, Release):
                 await self._release(a)
+
+    def _worth_it(self, a: Move, residents: dict[str, int]) -> bool:
+        """A rebalancing move never takes a host's only session: it could only trade places with an empty host.
+
+        (The policy credits the source with its measured load but the receiver with the session's floor-tier
+        share, so emptying a host looks like a large gain: see docs/fleet.md, "Known limits". Consolidating
+        onto fewer hosts is the autoscaler's, by a drain.)"""
+        if a.gain_ms and residents.get(a.src, 0) <= 1:
+            self.log.debug("fleet_move_skipped", session_id=a.session_id, src=a.src, dst=a.dst, why="last_session")
+            return False
+        return True
 
     def _redrain(self, fleet) -> None:
         """A host of ours that is draining or drained yet owns a session (one that reached it while its drain
@@ -343,3 +356,12 @@ class FleetController:
         except Exception as e:  # noqa: BLE001 - any failure to fence it means: not now
             return f"its record changed meanwhile ({type(e).__name__})"
         return ""
+
+
+def _residents(fleet) -> dict[str, int]:
+    """Sessions on each host's device (serving, or moving away)."""
+    out: dict[str, int] = {}
+    for s in fleet.sessions:
+        if s.state in ("serving", "moving"):
+            out[s.host_id] = out.get(s.host_id, 0) + 1
+    return out
