@@ -166,7 +166,7 @@ class FleetController:
                 residents[a.src] -= 1
                 residents[a.dst] = residents.get(a.dst, 0) + 1
                 self._start(a.session_id, a.src, a.dst, self._move(a), "move")
-            elif isinstance(a, Suspend):
+            elif isinstance(a, Suspend) and a.host_id not in self.draining:  # a suspended session cannot move live
                 self._start(a.session_id, a.host_id, a.host_id, self._suspend(a), "suspend")
             elif isinstance(a, Resume) and a.host_id not in leaving:
                 src = self._host_of(a.session_id)
