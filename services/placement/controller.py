@@ -158,11 +158,12 @@ class FleetController:
     # ------------------------------------------------------------ applying
 
     async def _apply(self, decision: Decision, now: float, residents: dict[str, int]) -> None:
-        # Rebalancing runs before autoscaling within one decision, so a host chosen as a receiver may be the
-        # one scale-in then drains: such moves and resumes are dropped rather than sent onto a draining host.
-        leaving = {a.host_id for a in decision.actions if isinstance(a, Drain)}
+        # Rebalancing runs before autoscaling within one decision, so a host a move touches may be the one
+        # scale-in then drains: such moves are dropped (the drainer moves that host's sessions), and so are
+        # resumes onto it.
+        leaving = {a.host_id for a in decision.actions if isinstance(a, Drain)} | self.draining
         for a in decision.actions:
-            if isinstance(a, Move) and a.dst not in leaving and self._worth_it(a, residents):
+            if isinstance(a, Move) and not {a.src, a.dst} & leaving and self._worth_it(a, residents):
                 residents[a.src] -= 1
                 residents[a.dst] = residents.get(a.dst, 0) + 1
                 self._start(a.session_id, a.src, a.dst, self._move(a), "move")
@@ -289,7 +290,9 @@ class FleetController:
 
     async def _scale_out(self, a: ScaleOut, now: float) -> None:
         started = self.provisioner.start(a.count)
-        self.last_scale_out_at = now
+        # Scale-in waits its cooldown after a scale-out too: a host just asked for is not given back before
+        # it could take load (measured load is noisy, and the band alone would let the fleet flap).
+        self.last_scale_out_at = self.last_scale_in_at = now
         for h in started:
             self.asked[h] = now
             # A host id given out again must take sessions: whatever a former drain left on its record goes.
