@@ -50,6 +50,12 @@ async def test_rebalancing_waits_for_gain_above_threshold_then_moves_live(stack)
         await stack.send(sid, 3, 4)
         await eventually(lambda sid=sid: stack.consumed(sid, 4), 30)
         check_log(await read_log(stack.js, sid))
+    configure(stack, fleet_control=False)  # no move left in flight when the stack stops
+
+    async def settled():
+        return not any(p.fleet.busy for p in stack.placements)
+
+    await eventually(settled, 30)
 
 
 async def _async(value):
