@@ -39,6 +39,7 @@ from services.placement.policy import (
     Suspend,
 )
 from services.placement.policy import latency as lat
+from services.placement.provisioning.sim import SimProvisioner
 
 GIB = 1 << 30
 BACKEND = "world"
@@ -152,7 +153,8 @@ class Sim:
         self.sessions = {s.session_id: SimSession(s, idle_starts=[a for a, _ in s.idle]) for s in specs}
         self.hosts: dict[str, SimHost] = {}
         self.released: list[SimHost] = []
-        self.next_idx = 0
+        # Host ids and boot times come from the `sim` provisioning backend, the service's interface.
+        self.provisioner = SimProvisioner(clock=lambda: self.now, boot_s=PROVISION_S, name="h{:05d}".format)
         self.events: list[tuple[float, int, str, str]] = []
         self.seq = 0
         self.now = 0.0
@@ -164,9 +166,8 @@ class Sim:
             self._push(s.arrival_s + s.duration_s, "leave", s.session_id)
             for _, end in s.idle:
                 self._push(end, "input", s.session_id)
-        for _ in range(hosts):
-            h = self._new_host(0.0)
-            h.state = "up"
+        for host_id in self.provisioner.start(hosts):
+            self._new_host(host_id, 0.0).state = "up"
 
     # ------------------------------------------------------------ the loop
 
@@ -332,9 +333,9 @@ class Sim:
 
     def _do_scaleout(self, a: ScaleOut) -> None:
         self.last_out = self.now
-        for _ in range(a.count):
-            h = self._new_host(self.now)
-            self._push(self.now + PROVISION_S, "ready", h.host_id)
+        for host_id in self.provisioner.start(a.count):
+            self._new_host(host_id, self.now)
+            self._push(self.now + self.provisioner.boot_s, "ready", host_id)
 
     def _do_drain(self, a: Drain) -> None:
         self.last_in = self.now
@@ -347,6 +348,7 @@ class Sim:
             self._drop(self.sessions[sid], "host_released")
         h.state, h.released_at = "released", self.now
         del self.hosts[a.host_id]
+        self.provisioner.stop(a.host_id)
         self.released.append(h)
 
     def _do_suspend(self, a: Suspend) -> None:
@@ -371,9 +373,8 @@ class Sim:
         self.stats.resume_delays.append(self.now - s.idle_until + copy_s)
         self.counts["resumes"] += 1
 
-    def _new_host(self, at: float) -> SimHost:
-        h = SimHost(self.next_idx, requested_at=at)
-        self.next_idx += 1
+    def _new_host(self, host_id: str, at: float) -> SimHost:
+        h = SimHost(int(host_id[1:]), requested_at=at)
         self.hosts[h.host_id] = h
         return h
 
