@@ -34,7 +34,7 @@ def queued_load(plan: Plan, queued: list[Session]) -> float:
 
 def owners(plan: Plan) -> set[str]:
     """Hosts that own a session: it is resident, suspended in their memory, or moving to or from them."""
-    out = {s.host_id for s in plan.sessions.values() if s.state != "queued"}
+    out = set(plan.owned)
     out.update(hl.host_id for hl in plan.loads.values() if hl.receiving or hl.pending)
     return out
 
@@ -70,4 +70,4 @@ def autoscale(plan: Plan, queued: list[Session]) -> list[ScaleOut | Drain | Rele
 
 def _drain_order(opens: list[HostLoad], owned: set[str]) -> list[HostLoad]:
     """Empty hosts first, then the least busy: the fewest live moves for the capacity given back."""
-    return sorted(opens, key=lambda hl: (hl.host_id in owned, hl.busy, len(hl.terms), hl.host_id))
+    return sorted(opens, key=lambda hl: (hl.host_id in owned, hl.busy, hl.n, hl.host_id))
