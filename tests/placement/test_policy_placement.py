@@ -87,3 +87,19 @@ def test_no_decision_over_commits_a_host(spec, queued, threshold):
             assert before[hid] + extra <= max(limit, before[hid]), hid
     acted = [getattr(a, "session_id", None) for a in decide(f, p).actions]
     assert len([x for x in acted if x]) == len({x for x in acted if x}), "one action per session"
+
+
+def test_a_resume_leaves_an_old_host_it_would_push_past_the_latency_target():
+    """h0 fits the resume within the guard band (0.8 busy) but its chunks would take 90 ms, past 0.55 of
+    their 110 ms SLO, while h1 is empty: the resume goes to h1. With nothing else open it stays home."""
+    mine = sess("a", "h0", state="suspended", suspended_at=970.0, last_input_at=999.0)
+    others = [sess(f"x{i}", "h0") for i in range(3)]
+    d = react(fleet({"h0": [*others, mine], "h1": []}), PARAMS)
+    assert [(a.session_id, a.host_id) for a in d.actions if isinstance(a, Resume)] == [("a", "h1")]
+    alone = react(fleet({"h0": [*others, mine]}), PARAMS)
+    assert [(a.session_id, a.host_id) for a in alone.actions if isinstance(a, Resume)] == [("a", "h0")]
+
+
+def test_past_the_latency_target_placement_still_uses_the_guard_band_rather_than_queue():
+    busy = [sess(f"x{i}", "h0") for i in range(3)]  # 0.6 busy: a fourth tier-8 session would see 90 ms
+    assert placed(react(fleet({"h0": busy}, queued=(sess("q"),)), PARAMS)) == {"q": "h0"}

@@ -2,9 +2,11 @@
 
 Hosts are tried least busy first (ties by host_id), so the fleet's worst chunk latency grows
 as slowly as it can. Among hosts that fit (the capacity verdict of `libs.contracts.estimate`,
-reservations included), the first whose fastest path out would admit a live move of this
-session wins: a session placed there can still be moved later. Only when no fitting host has
-such a path does the least busy fitting host take it.
+reservations included), a host that stays within the latency target with the session
+(`Params.latency_target_frac` of every resident's SLO) beats one that would not, and among
+those the first whose fastest path out would admit a live move of this session wins: a session
+placed there can still be moved later. A host past the target takes the session only when no
+fitting host is within it: the guard band is the limit, the target is where placement aims.
 """
 
 from __future__ import annotations
@@ -26,22 +28,31 @@ class Placer:
         self.order = sorted(plan.open_loads(), key=_key)
 
     def choose(self, s: Session, prefer: str = "") -> tuple[HostLoad, Estimate] | str:
-        """(host, estimate) for `s`, or the refusal reason. `prefer` is tried first (a resume's old host)."""
+        """(host, estimate) for `s`, or the refusal reason. `prefer` is tried first (a resume's old host).
+
+        Hosts are ranked: within the latency target with an admissible way out, within the target,
+        then (only when no fitting host is within it) with a way out, then any that fits; least busy
+        first within a rank. The preferred host wins its rank's ties.
+        """
         plan = self.plan
+        found: list[tuple[HostLoad, Estimate] | None] = [None, None, None, None]
         preferred = plan.loads.get(prefer)
         if preferred is not None and preferred.open:
             est = plan.fit(s, preferred)
             if est.fits:
-                return preferred, est
-        fallback = None
+                if plan.within_target(s, preferred):
+                    return preferred, est
+                found[2] = (preferred, est)  # staying beats a copy only when no host is within the target
         for hl in self.order:
             est = plan.fit(s, hl)
             if not est.fits:
                 continue
-            if self._escapes(s, hl):
+            rank = (0 if plan.within_target(s, hl) else 2) + (0 if self._escapes(s, hl) else 1)
+            if rank == 0:
                 return hl, est
-            fallback = fallback or (hl, est)
-        return fallback if fallback is not None else "no_fit"
+            if found[rank] is None:
+                found[rank] = (hl, est)
+        return next((f for f in found if f is not None), "no_fit")
 
     def commit(self, s: Session, hl: HostLoad, est: Estimate) -> None:
         self.order.remove(hl)

@@ -183,6 +183,18 @@ class Plan:
             kinds.append(t)
         return latency.host_ms(self.params, kinds, hl.busy + t.share, hl.n + 1)
 
+    def within_target(self, s: Session, hl: HostLoad) -> bool:
+        """With `s` added, every session on `hl` stays within `latency_target_frac` of its SLO."""
+        t = self.term(s, hl)
+        if t is None:
+            return False
+        p = self.params
+        busy, n = hl.busy + t.share, hl.n + 1
+        for k in (t, *hl.kinds.values()):
+            if latency.chunk_ms(p, k, busy, n) > p.latency_target_frac * latency.slo_ms(k):
+                return False
+        return True
+
     def ms_without(self, hl: HostLoad, session_id: str) -> float:
         t = self.open_up(hl)[session_id]
         assert hl.counts is not None

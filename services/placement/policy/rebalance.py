@@ -90,7 +90,9 @@ def _best_move(plan: Plan, src: HostLoad, order: list[HostLoad], moved: set[str]
             rate = plan.fleet.paths.rate(src.host, dst.host)
             stall = plan.stall_ms(s, rate, t.window_ms)
             gain = bottleneck - after - p.eta * stall
-            if gain <= p.gain_threshold_ms:
+            # the moved session's chunk at cut-over (its latency on the receiver plus the freeze) must
+            # not become the new worst chunk: min-max would then have made the maximum worse
+            if gain <= p.gain_threshold_ms or plan.ms_with(dst, t) + stall >= bottleneck:
                 continue
             verdict = plan.move_verdict(s, src, dst)
             if not admit(verdict):

@@ -72,5 +72,6 @@ class Fleet(msgspec.Struct, frozen=True, kw_only=True):
     sessions: tuple[Session, ...]
     paths: PathRates
     provisioning: int = 0  # hosts asked for and not up yet
+    arrivals_per_s: float = 0.0  # recent rate of new sessions (the service measures it over a minute or so)
     last_scale_out_at: float = -math.inf
     last_scale_in_at: float = -math.inf
