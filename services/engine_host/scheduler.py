@@ -17,7 +17,11 @@ before starting any quantum that is not the most urgent C1 the core checks a gua
 band: the quantum must end, plus `guard_s`, before every C1 release's latest start
 time. A periodic session steps down its quality ladder when its quantum would miss
 at the current tier, and back up after `up_after` blocks that finished with room
-for the next tier. Ready quanta of the same shape (backend, tier) from sessions that
+for the next tier. The host as a whole steps down too: whenever the periodic sessions'
+steady-state load at their current tiers (`load()`, from the learned costs) passes
+`busy_limit`, the session with the highest tier steps down a rung, until the load fits,
+so a host under pressure gives up quality before it misses a period; a step up that would
+push the load past the limit waits. Ready quanta of the same shape (backend, tier) from sessions that
 allow it are coalesced into one batched dispatch.
 """
 
@@ -27,6 +31,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from libs.contracts import Guard
 from libs.session_classes import BULK_ORDER, PERIODIC
 
 CLASS_RANK = {c: i for i, c in enumerate(PERIODIC + BULK_ORDER)}
@@ -55,6 +60,7 @@ class Task:
     skipped: int = 0
     missed: int = 0
     tier_changes: int = 0
+    pressure_steps: int = 0  # step-downs the host's load forced (of tier_changes)
 
     @property
     def deadline(self) -> float:
@@ -81,6 +87,8 @@ class EdfScheduler:
     guard_s: float = 0.002
     max_batch: int = 8
     up_after: int = 8
+    # the device share periodic sessions may take at their current tiers: admission's budget (1 − guard)
+    busy_limit: float = 1.0 - Guard().busy_fraction
     tasks: dict[str, Task] = field(default_factory=dict)
     dispatched: list[Dispatch] = field(default_factory=list, repr=False)
     record: bool = False  # keep every dispatch (tests)
@@ -128,6 +136,7 @@ class EdfScheduler:
 
     def pick(self, now: float) -> Dispatch | Idle:
         self._release(now)
+        self._relieve()
         self._skip_hopeless(now)
         ready = [t for t in self.tasks.values() if self._ready(t)]
         periodic = sorted((t for t in ready if t.cls in PERIODIC),
@@ -140,6 +149,28 @@ class EdfScheduler:
             if t.cls == "C1" or self._guard_ok(now + cost, exclude=group):
                 return self._dispatch(group, tier, now)
         return self._idle(now, bool(ready))
+
+    def load(self) -> float:
+        """Device share the periodic sessions take at their current tiers (steady state, learned costs)."""
+        return sum(self._share(t, t.tier) for t in self.tasks.values() if t.cls in PERIODIC and not t.paused)
+
+    def _share(self, t: Task, tier: int) -> float:
+        return self.cost(t.shape, tier, 1) / t.period_s
+
+    def _relieve(self) -> None:
+        """Under pressure, step the highest-tier periodic sessions down a rung each until the load fits."""
+        live = [t for t in self.tasks.values() if t.cls in PERIODIC and not t.paused]
+        load = sum(self._share(t, t.tier) for t in live)
+        while load > self.busy_limit + 1e-12:
+            can = [t for t in live if t.tier > t.ladder[0]]
+            if not can:
+                return  # every session is at its floor: admission's promise, nothing left to give
+            t = max(can, key=lambda x: (x.tier, self._share(x, x.tier) - self._share(x, _below(x)), x.sid))
+            lower = _below(t)
+            load -= self._share(t, t.tier) - self._share(t, lower)
+            t.tier, t.slack_blocks = lower, 0
+            t.tier_changes += 1
+            t.pressure_steps += 1
 
     def _skip_hopeless(self, now: float) -> None:
         """C1 releases that cannot finish by their deadline even at the lowest tier are skipped now."""
@@ -233,7 +264,10 @@ class EdfScheduler:
             return
         extra = self.cost(t.shape, higher[0], 1) - self.cost(t.shape, t.tier, 1)
         t.slack_blocks = t.slack_blocks + 1 if slack > extra + self.guard_s else 0
-        if t.slack_blocks >= self.up_after:
+        if t.slack_blocks >= self.up_after and self.load() + extra / t.period_s <= self.busy_limit + 1e-12:
             t.tier, t.slack_blocks = higher[0], 0
             t.tier_changes += 1
 
+
+def _below(t: Task) -> int:
+    return max(x for x in t.ladder if x < t.tier)
