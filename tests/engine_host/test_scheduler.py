@@ -242,3 +242,30 @@ def test_a_step_up_waits_while_it_would_push_the_load_past_the_limit():
     sched.remove("c1-1")  # room again: the other steps back up after up_after roomy blocks
     simulate(sched, 3.0)
     assert sched.tasks["c1-0"].tier == 4 and sched.load() <= 0.9
+
+
+def test_periods_going_by_unserved_lower_the_working_limit_until_the_ladder_has_stepped_down():
+    """Blocks take 1.5× what the cost model says (contention it cannot see): four sessions at 100 ms
+    periods that the model fits at 0.9 of the device need 1.35 of it, and periods go by unserved. The
+    working limit falls and the ladder steps down until they (nearly) stop; a host that trusted its
+    costs alone (cut = 1) keeps skipping a period in every few."""
+    def run(cut: float) -> tuple[EdfScheduler, int]:
+        sched = EdfScheduler(cost=cost, guard_s=0.001, up_after=3, cut=cut)
+        for i in range(4):
+            sched.add(Task(sid=f"c1-{i}", cls="C1", shape="c1", ladder=(1, 2, 4), tier=4, period_s=0.1), 0.0)
+        now, late_skips = 0.0, 0
+        while now < 20.0:
+            before = sum(t.skipped for t in sched.tasks.values())
+            d = sched.pick(now)
+            if isinstance(d, Idle):
+                now = d.until
+            else:
+                now += 1.5 * cost("c1", d.tier, 1)
+                sched.done(d, now)
+            if now > 10.0:
+                late_skips += sum(t.skipped for t in sched.tasks.values()) - before
+        return sched, late_skips
+
+    sched, late = run(0.9)
+    _, blind_late = run(1.0)
+    assert sched.limit < sched.busy_limit and blind_late > 50 and late * 20 < blind_late
