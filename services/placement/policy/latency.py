@@ -12,6 +12,7 @@ steady-state busy fraction, from `libs.contracts.demand`, times the session's wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -66,6 +67,15 @@ def host_ms(params: Params, kinds: Iterable[Term], busy: float, n: int) -> float
         else:
             return worst
     return max((chunk_ms(params, t, busy, n) for t in kinds), default=0.0)
+
+
+def busy_within(params: Params, t: Term) -> float:
+    """The largest host busy fraction at which a chunk of `t` stays within the latency target
+    (`latency_target_frac` of its SLO): -inf if never, inf if the model does not bound it by load."""
+    if params.latency_model != "profile" or not t.window_ms:
+        return math.inf
+    room = params.latency_target_frac * slo_ms(t) - t.overhead_ms
+    return room / t.window_ms if room >= t.quantum_ms else -math.inf
 
 
 def slo_ms(t: Term) -> float:
