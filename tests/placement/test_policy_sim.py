@@ -92,6 +92,7 @@ def test_the_simulator_is_deterministic_for_a_seed(tmp_path):
     assert (tmp_path / "c.json").read_text() != (tmp_path / "a.json").read_text()
 
 
+@pytest.mark.slow
 def test_the_simulator_gives_the_same_numbers_whatever_the_processs_hash_seed(tmp_path):
     """Sets yield their members in an order that follows PYTHONHASHSEED; no result may depend on it."""
     import os
