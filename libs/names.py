@@ -70,9 +70,14 @@ def input_session_id(subject: str) -> str:
     return subject.removeprefix(_INPUT_PREFIX)
 
 
-# KV: per-session metadata (contract, seed, token hash, checkpoint ref and cursor) and each
-# owner's applied cursor (`<sid>.applied`, written by the engine holding the lease).
+# KV: per-session metadata (contract, seed, token hash, checkpoint ref and cursor), its init media
+# (`<sid>.init`, written once at registration) and each owner's applied cursor (`<sid>.applied`,
+# written by the engine holding the lease).
 FENCE_META_BUCKET = "sf_fence_meta"
+
+
+def init_media_key(session_id: str) -> str:
+    return f"{session_id}.init"
 
 # Request/reply verbs of fence (queue group "fence").
 FENCE_REGISTER = "sf.fence.register"  # RegisterRequest → RegisterReply (caller: admission)
