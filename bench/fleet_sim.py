@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -56,7 +56,8 @@ SLOW_NIC_BPS = admissibility.gbps(25)  # every fourth host: an older NIC
 CROSS_ZONE_BPS = admissibility.gbps(25)
 PROVISION_S = 60.0  # scale-out: boot and pre-warm an engine host
 RESUME_BPS = 20e9  # host memory → device
-MAX_QUEUE_S = 120.0  # a session waiting longer than this is dropped
+MAX_QUEUE_S = 120.0
+ARRIVAL_WINDOW_S = 60.0  # the arrival rate a snapshot carries is measured over this  # a session waiting longer than this is dropped
 CONTRACTS = {t: Contract(session_class="C1", quality_floor=t, determinism="T1", period_ms=PERIOD_MS) for t in ROW}
 PATHS = PathRates(default_bps=FAST_NIC_BPS, cross_zone_bps=CROSS_ZONE_BPS)
 
@@ -161,6 +162,7 @@ class Sim:
         self.stats = Stats(bucket_s=max(60.0, end_s / 240))
         self.counts = Counter()
         self.last_out = self.last_in = -math.inf
+        self.arrivals: deque[float] = deque()  # arrival times within the last ARRIVAL_WINDOW_S
         for s in specs:
             self._push(s.arrival_s, "arrive", s.session_id)
             self._push(s.arrival_s + s.duration_s, "leave", s.session_id)
@@ -202,6 +204,7 @@ class Sim:
     def _on_arrive(self, sid: str) -> None:
         self.sessions[sid].state = "queued"
         self.counts["arrived"] += 1
+        self.arrivals.append(self.now)
         self._apply(self.react(self.snapshot()))
 
     def _on_leave(self, sid: str) -> None:
@@ -265,14 +268,17 @@ class Sim:
         sessions = tuple(self._session_view(s) for s in self.sessions.values()
                          if s.state in ("queued", "serving", "moving", "suspended"))
         provisioning = sum(1 for h in self.hosts.values() if h.state == "starting")
+        while self.arrivals and self.arrivals[0] <= self.now - ARRIVAL_WINDOW_S:
+            self.arrivals.popleft()
         return Fleet(now=self.now, hosts=hosts, sessions=sessions, paths=PATHS, provisioning=provisioning,
+                     arrivals_per_s=len(self.arrivals) / ARRIVAL_WINDOW_S,
                      last_scale_out_at=self.last_out, last_scale_in_at=self.last_in)
 
     def _host_view(self, h: SimHost) -> Host:
         tiers = [self.sessions[sid].spec.tier for sid in h.resident]
         entry = EngineEntry(host_id=h.host_id, device="cuda:0", memory_bytes=HOST_MEMORY,
                             free_memory_bytes=HOST_MEMORY - sum(ROW[t].state_bytes for t in tiers),
-                            sessions=len(tiers), profile=PROFILE, busy_fraction=sum(share(t) for t in tiers),
+                            sessions=len(tiers), profile=PROFILE, busy_fraction=self._busy(h),
                             heartbeat_at=self.now)
         return Host(entry=entry, state="up" if h.state == "up" else "draining", zone=h.zone, nic_bps=h.nic_bps,
                     reserved=tuple(h.incoming.values()), moves_in=len(h.incoming))
@@ -384,7 +390,9 @@ class Sim:
         return lat.term(CONTRACTS[tier], ROW[tier], share(tier))
 
     def _busy(self, h: SimHost) -> float:
-        return sum(share(self.sessions[sid].spec.tier) for sid in h.resident)
+        # fsum: exactly rounded, so the order a set yields its members in (which varies with the
+        # process's hash seed) cannot change a result's last bit, and with it a tie between hosts
+        return math.fsum(share(self.sessions[sid].spec.tier) for sid in h.resident)
 
     def _account(self, t: float) -> None:
         """Chunks produced since the last tick, at the load each host carries now."""
@@ -393,7 +401,7 @@ class Sim:
             if not h.resident:
                 continue
             tiers = Counter(self.sessions[sid].spec.tier for sid in h.resident)
-            busy, n = sum(share(k) * c for k, c in tiers.items()), len(h.resident)
+            busy, n = self._busy(h), len(h.resident)
             for tier, c in tiers.items():
                 term = self._term(tier)
                 self.stats.chunk(t, lat.chunk_ms(self.params, term, busy, n), chunks * c, lat.slo_ms(term))

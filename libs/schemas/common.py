@@ -95,7 +95,8 @@ class EngineEntry(Msg):
     version: str = ""
     heartbeat_at: float = 0.0
     profile: list[ProfileRow] = []
-    busy_fraction: float = 0.0  # share of device time taken by admitted sessions' steady-state quanta
+    busy_fraction: float = 0.0  # share of device time admitted sessions are promised (quanta at their floors)
+    served_fraction: float = 0.0  # share they take at the tiers served now (at most the budget, or all at floor)
     state_bytes_resident: int = 0
     data_addr: str = ""  # host:port of the mover data plane (TCP) on this host
     machine: str = ""  # boot id + hostname (`libs.motion.machine`): equal on two hosts that share memory

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
+import msgspec
 import structlog
 import torch
 
@@ -254,9 +255,26 @@ class EngineRuntime:
                                 tier_changes=t.tier_changes if t else 0)
 
     def busy_fraction(self) -> float:
-        """Share of device time the periodic sessions' steady-state quanta take."""
-        return sum(self.costs.estimate(t.shape, t.tier, 1) / t.period_s for t in self.sched.tasks.values()
+        """Share of device time the periodic sessions are promised: their quanta at their quality floors,
+        at the costs learned while serving. This is what admission budgets for each of them
+        (`contracts.demand` at the floor row), so the two count the same thing; the scheduler steps
+        sessions down toward their floors whenever what they are served at would not fit."""
+        return sum(self.costs.estimate(t.shape, t.ladder[0], 1) / t.period_s for t in self.sched.tasks.values()
                    if t.cls in PERIODIC and not t.paused)
+
+    def served_fraction(self) -> float:
+        """Share of device time the periodic sessions take at the tiers they are served at now."""
+        return self.sched.load()
+
+    def refreshed_profile(self, rows: list[ProfileRow]) -> list[ProfileRow]:
+        """The start-up rows with each quantum's cost as serving has measured it since (the cost model's
+        EWMA for the default config, batch of one): admission prices the next session at today's cost."""
+        out = []
+        for r in rows:
+            learned = self.costs.estimate(shape_of(self.backend(r.backend)), r.tier, 1) * 1000
+            out.append(r if learned <= 0 or learned == r.quantum_ms
+                       else msgspec.structs.replace(r, quantum_ms=learned))
+        return out
 
     def backend_infos(self) -> list[BackendInfo]:
         """Every backend this host can serve (builds each default config: call it off the loop)."""
