@@ -68,9 +68,6 @@ async def test_a_partitioned_old_owner_applies_nothing_after_the_replacement_cla
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=False, reason="known bug, open in #11: in about half of full-suite runs from a fresh "
-                   "clone the replacements serve but never consume items 1..2 (re-release to the new owner after "
-                   "a failover racing placement's crash); passes when run alone")
 async def test_killing_a_placement_instance_mid_failover_loses_nothing(stack):
     await stack.start()
     await stack.engines_up("e0", "e1", "e2")
