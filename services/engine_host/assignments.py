@@ -145,8 +145,8 @@ class Assignments:
             elif sid not in self.host.moved_in():
                 with contextlib.suppress(NotFound):
                     self.host.ungate(sid)
-            # A moved-in copy that was never ours stays gated (no block without a journal) until the
-            # orphan sweep closes it.
+            else:  # a moved-in copy not ours: gated (no block without a journal), closed after the grace
+                await self._after_revocation(sid)
             return
         background = [asyncio.create_task(self._checkpoint_loop(lease, meta.checkpoint_ref, journal)),
                       asyncio.create_task(self._stop_when_fenced(lease, journal))]
