@@ -124,6 +124,8 @@ def block_journal_subject(session_id: str) -> str:
 # Request/reply: AssignRequest → AssignReply (queue group "fence"; callers: admission, placement, the mover).
 # Fence is the only writer of the ownership log; everyone else asks it here.
 FENCE_ASSIGN = "sf.fence.assign"
+# Request/reply: ClaimRequest → ClaimReply (queue group "fence"; caller: the assigned engine host).
+FENCE_CLAIM = "sf.fence.claim"
 # Replies to a NATS user's requests arrive under this prefix; only that user may subscribe to it.
 INBOX_ROOT = "_INBOX"
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -38,13 +39,14 @@ from nats.js.kv import KeyValue
 
 from libs import bus, errors, names
 from libs.fence import core, session_log
-from libs.fence.ownership import update_summary
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import (
     AppliedCursor,
     AssignNotice,
     CheckpointRequest,
+    ClaimReply,
+    ClaimRequest,
     Kick,
     KickReply,
     LogRecord,
@@ -146,37 +148,26 @@ class EngineClient:
         return await bus.request(self.nc, names.FENCE_META, MetaRequest(session_id=session_id), SessionMeta)
 
     async def claim(self, session_id: str, version: int, cursor: int) -> Lease:
-        """Claim `(self, version)` with installed state reflecting item `cursor`; start the lease.
+        """Ask fence to claim `(self, version)` with installed state reflecting item `cursor`; start the lease.
 
-        Raises `Conflict` if the assignment is stale, not ours, or already claimed.
+        Raises `Conflict` if the assignment is stale, not ours, or already claimed. An unanswered request
+        (fence restarting, a JetStream leader election) is asked again, with the same `claim_id`, until
+        `CLAIM_RETRY_S`: fence answers a repeat whose claim landed with that claim, so asking twice never
+        claims twice.
         """
         session_log.check_session_id(session_id)
         me = Owner(server_id=self.server_id, version=version)
         deadline = time.monotonic() + CLAIM_RETRY_S
-        for _ in range(bus.MAX_CAS_ATTEMPTS):
-            tail = await _retrying(lambda: session_log.read_tail(self.js, session_id), deadline, session_id)
-            event = core.decide_claim(tail.view, self.server_id, version, cursor, incarnation=self.incarnation)
-            try:
-                new = await session_log.append(self.js, session_id, tail, event)
-                break
-            except errors.Conflict:
-                continue  # something landed meanwhile: decide again on the new tail
-            except errors.Unavailable:
-                # The append's answer was lost. If it landed, it is the record right after `tail`
-                # (that is what the CAS allows), so the lease may read from there.
-                new = await _retrying(lambda: session_log.read_tail(self.js, session_id), deadline, session_id)
-                if new.view.owner == me and new.view.claim == me:
-                    new = session_log.Tail(new.view, tail.seq)
-                    break
-        else:
-            raise errors.Conflict("claim kept losing the race", session_id=session_id)
-        lease = Lease(self, session_id, me, cursor, new.seq)
+        request = ClaimRequest(session_id=session_id, server_id=self.server_id, version=version, cursor=cursor,
+                               incarnation=self.incarnation, claim_id=secrets.token_hex(8))
+        reply = await _retrying(lambda: bus.request(self.nc, names.FENCE_CLAIM, request, ClaimReply),
+                                deadline, session_id)
+        lease = Lease(self, session_id, me, cursor, reply.log_seq)
         old = self._leases.pop(session_id, None)
         if old is not None:
             await old.stop()
         self._leases[session_id] = lease
         await lease.start(deadline)
-        await update_summary(self.js, session_id, new.view)
         _log.info("claimed", session_id=session_id, server_id=self.server_id, version=version, cursor=cursor)
         return lease
 
@@ -205,7 +196,8 @@ class Lease:
         self.owner = owner
         self.cursor = cursor  # the item seq the installed state reflects; input resumes after it
         self.applied = cursor
-        self.read_after = read_after  # a log position at or just before the claim: the lease reads after it
+        # A log position at or before the claim (0: unknown): the lease reads after it.
+        self.read_after = read_after
         self.revoked = asyncio.Event()
         self._epoch = client.trusted_epoch()  # the liveness epoch the claim was last confirmed in
         self._items: asyncio.Queue[InputItem | None] = asyncio.Queue()
@@ -270,6 +262,8 @@ class Lease:
             return
         self._seen = position
         record = decode(msg.data, LogRecord)
+        if core.before(self.owner, record.view):
+            return  # a record from before our assign (read from an unknown claim position): history
         event = record.event
         if isinstance(event, Release) and core.accepts(self.owner, event):
             for item in event.items:

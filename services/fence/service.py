@@ -15,7 +15,14 @@ from aiohttp import web
 from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
 from libs.fence import ownership, session_log
-from libs.schemas.fence import AssignRequest, CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
+from libs.schemas.fence import (
+    AssignRequest,
+    CheckpointRequest,
+    ClaimRequest,
+    CloseRequest,
+    MetaRequest,
+    RegisterRequest,
+)
 from libs.service import Service
 from libs.telemetry import traced
 from libs.ws_auth import Origins
@@ -25,6 +32,7 @@ from services.fence.ingress import Ingress
 from services.fence.inputs import InputAppender
 from services.fence.sessions import Sessions
 
+CLAIM_CONCURRENCY = 64
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
 
@@ -74,6 +82,11 @@ class FenceService(Service):
                 ("fence.assign", names.FENCE_ASSIGN, AssignRequest, self._assign)):
             await bus.serve(self.nc, subject, req_type, traced(span, handler, tracer_name="statefleet.fence"),
                             queue="fence")
+        # Claims of different sessions are independent CAS appends: a host (re)claiming many at once
+        # must not queue them one round trip after another.
+        await bus.serve(self.nc, names.FENCE_CLAIM, ClaimRequest,
+                        traced("fence.claim", self._claim, tracer_name="statefleet.fence"),
+                        queue="fence", concurrency=CLAIM_CONCURRENCY)
         await self.nc.subscribe(names.FENCE_CLOSED, cb=self._on_closed)
         await self.gateway.start(self.spawn)
         ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions),
@@ -88,6 +101,9 @@ class FenceService(Service):
 
     async def _assign(self, request: AssignRequest):
         return await ownership.append_assign(self.nc, self.js, request)
+
+    async def _claim(self, request: ClaimRequest):
+        return await ownership.append_claim(self.js, request)
 
     async def _on_closed(self, msg) -> None:
         session_id = msg.data.decode(errors="replace")
