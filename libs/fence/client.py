@@ -10,13 +10,16 @@ An engine host builds one `EngineClient(nc, js, server_id)`. For each session:
         apply(item); await lease.report_applied(item.seq)
     # the loop ends once a newer assign (or a close) revokes the lease: stop taking input
 
-The lease reads the session log from its claim onward and yields the items of
-releases addressed to exactly its `(server_id, version)`; anything else in the
-log is skipped, and an assign to anyone else ends it (`lease.revoked` is set).
+Claims go through fence (`sf.fence.claim`), the log's only writer. The host reads
+the log through one consumer for all its sessions (`HostFeed`: every record addressed
+to this host, which after a claim is every record up to the one that revokes it). A
+lease takes its session's records from its claim onward and yields the items of
+releases addressed to exactly its `(server_id, version)`; anything else is skipped,
+and an assign to anyone else (or a close) ends it (`lease.revoked` is set).
 
 A host that placement may have declared dead (its heartbeats stopped reaching the
 bus for long enough: a stopped process, a partition) may already have been
-replaced, while releases addressed to it still sit in its consumer. So once the
+replaced, while releases addressed to it still sit in its feed. So once the
 host's heartbeats have had such a gap, every lease confirms its claim on the log
 before it yields its next item, and ends if the claim is gone.
 """
@@ -34,12 +37,13 @@ import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext, api
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from libs import bus, errors, names
 from libs.fence import core, session_log
-from libs.schemas.base import decode, encode
+from libs.fence.host_feed import HostFeed
+from libs.schemas.base import encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import (
     AppliedCursor,
@@ -62,8 +66,6 @@ _notices_failed = counter("sf_engine_assignment_notices_failed_total",
                           "Assignment notices dropped (malformed) or retried (log unreadable)")
 KICK_ATTEMPTS = 20
 NOTICE_RETRY_S = 0.5
-# The lease's ordered consumer notices a lost consumer (e.g. a NATS restart) after missed heartbeats.
-LEASE_HEARTBEAT_S = 1.0
 CONFIRM_RETRY_S = 0.2
 # How long a claim keeps retrying through a bus outage or a JetStream leader election: the
 # assignment stays ours meanwhile, and giving up would leave the session claimed by nobody.
@@ -82,6 +84,9 @@ class EngineClient:
         self._notices: asyncio.Queue[AssignNotice] = asyncio.Queue()
         self._sub: Subscription | None = None
         self._leases: dict[str, Lease] = {}
+        self._feed: HostFeed | None = None
+        self._feed_lock = asyncio.Lock()
+        self._claiming: dict[str, dict[str, list[tuple[int, LogRecord]]]] = {}  # sid -> claim_id -> held records
         self._meta_kv: KeyValue | None = None
         self._last_beat: float | None = None  # monotonic time the host's last heartbeat landed
         self._epoch = 0  # bumped by every heartbeat gap long enough to have been declared dead
@@ -110,6 +115,8 @@ class EngineClient:
                 await self._sub.unsubscribe()
         for lease in list(self._leases.values()):
             await lease.stop()
+        if self._feed is not None:
+            await self._feed.stop()
 
     async def _on_notice(self, notice: AssignNotice) -> None:
         await self._notices.put(notice)
@@ -160,16 +167,46 @@ class EngineClient:
         deadline = time.monotonic() + CLAIM_RETRY_S
         request = ClaimRequest(session_id=session_id, server_id=self.server_id, version=version, cursor=cursor,
                                incarnation=self.incarnation, claim_id=secrets.token_hex(8))
-        reply = await _retrying(lambda: bus.request(self.nc, names.FENCE_CLAIM, request, ClaimReply),
-                                deadline, session_id)
+        await self._start_feed(deadline)
+        # Records of this session the feed delivers while the claim is asked (fence's gateway may release
+        # right after the claim lands, before its answer): held for the lease the answer creates.
+        held: list[tuple[int, LogRecord]] = []
+        self._claiming.setdefault(session_id, {})[request.claim_id] = held
+        try:
+            reply = await _retrying(lambda: bus.request(self.nc, names.FENCE_CLAIM, request, ClaimReply),
+                                    deadline, session_id)
+            old = self._leases.pop(session_id, None)
+            if old is not None:
+                await old.stop()
+        finally:
+            claims = self._claiming[session_id]
+            del claims[request.claim_id]
+            if not claims:
+                del self._claiming[session_id]
+        # No await from here until the lease is registered: the feed would deliver to nobody.
         lease = Lease(self, session_id, me, cursor, reply.log_seq)
-        old = self._leases.pop(session_id, None)
-        if old is not None:
-            await old.stop()
         self._leases[session_id] = lease
-        await lease.start(deadline)
+        for position, record in held:
+            lease.on_record(position, record)
+        lease.start()
         _log.info("claimed", session_id=session_id, server_id=self.server_id, version=version, cursor=cursor)
         return lease
+
+    async def _start_feed(self, deadline: float) -> None:
+        """The host's one consumer for all its leases, started before its first claim (so it reads from
+        before that claim's position) and retried through an outage until `deadline`."""
+        async with self._feed_lock:
+            if self._feed is None:
+                feed = HostFeed(self.js, self.server_id, self._on_record)
+                await _retrying(feed.start, deadline, "")
+                self._feed = feed
+
+    def _on_record(self, session_id: str, position: int, record: LogRecord) -> None:
+        for held in self._claiming.get(session_id, {}).values():
+            held.append((position, record))
+        lease = self._leases.get(session_id)
+        if lease is not None:
+            lease.on_record(position, record)
 
     async def checkpoint(self, session_id: str, version: int, ref: str, cursor: int, block: int = 0) -> SessionMeta:
         """Record a new checkpoint of the session at `block`, reflecting item `cursor` (only the claimed
@@ -202,34 +239,20 @@ class Lease:
         self._epoch = client.trusted_epoch()  # the liveness epoch the claim was last confirmed in
         self._items: asyncio.Queue[InputItem | None] = asyncio.Queue()
         self._next = cursor + 1
-        self._seen = read_after  # the last log position read: a restarted consumer may deliver it again
-        self._sub: Subscription | None = None
+        self._seen = read_after  # the last log position read: a restarted feed may deliver it again
         self._kicker: asyncio.Task | None = None
-        self._stopper: asyncio.Task | None = None
 
-    async def start(self, deadline: float) -> None:
-        """Start reading the log after the claim, retrying consumer creation until `deadline`."""
-        async def subscribe() -> Subscription:
-            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                        opt_start_seq=self.read_after + 1)
-            try:
-                return await self.client.js.subscribe(
-                    names.session_log_subject(self.session_id), cb=self._on_record, ordered_consumer=True,
-                    config=config, stream=names.SESSION_STREAM, idle_heartbeat=LEASE_HEARTBEAT_S)
-            except (nats.errors.Error, TimeoutError) as e:
-                raise errors.Unavailable(f"session log consumer not created: {type(e).__name__}",
-                                         session_id=self.session_id) from None
-        self._sub = await _retrying(subscribe, deadline, self.session_id)
+    def start(self) -> None:
+        """Ask a gateway to release what waited for the claim (the host's feed brings the records)."""
         self._kicker = asyncio.create_task(self._kick())
 
     async def stop(self) -> None:
-        """Stop reading the log (the consumer goes away); the iterator ends after what it holds."""
+        """Take no more records; the iterator ends after what it holds."""
+        self._detach()
+
+    def _detach(self) -> None:
         if self._kicker is not None:
             self._kicker.cancel()
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                await sub.unsubscribe()
         if self.client._leases.get(self.session_id) is self:
             del self.client._leases[self.session_id]
         self._end()
@@ -251,17 +274,16 @@ class Lease:
                 await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
         _log.warning("kick_unanswered", session_id=self.session_id)
 
-    async def _on_record(self, msg) -> None:
+    def on_record(self, position: int, record: LogRecord) -> None:
+        """A record of this session's log addressed to our host, at log `position` (in log order)."""
         if self.revoked.is_set():
             return
-        # An ordered consumer that restarts before its first delivery (missed heartbeats in a leader
-        # election) starts again from the stream's first record: never read history twice or before
-        # the claim, where older owners would look like a revocation.
-        position = msg.metadata.sequence.stream
+        # A feed that restarts delivers again from after the last record it delivered, or from further
+        # back: never read history twice or before the claim, where older owners would look like a
+        # revocation.
         if position <= self._seen:
             return
         self._seen = position
-        record = decode(msg.data, LogRecord)
         if core.before(self.owner, record.view):
             return  # a record from before our assign (read from an unknown claim position): history
         event = record.event
@@ -276,9 +298,7 @@ class Lease:
                 self._next += 1
                 self._items.put_nowait(item)
         if core.revoked(self.owner, record.view):
-            self._end()
-            # Nothing more can be addressed to this incarnation: drop its consumer.
-            self._stopper = asyncio.get_running_loop().create_task(self.stop())
+            self._detach()  # nothing more can be addressed to this incarnation
 
     def __aiter__(self) -> AsyncIterator[InputItem]:
         return self._iterate()

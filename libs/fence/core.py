@@ -125,6 +125,18 @@ def decide_close(view: SessionView, reason: str = "") -> Close:
     return Close(reason=reason)
 
 
+def addressee(view: SessionView, event: Event) -> str | None:
+    """The engine host whose feed must see `event` appended at `view`: a release's recipient, a claim's
+    claimant, and for an assign or a close the owner it takes the session from (the new assignee on a
+    first assign; None for closing a session never assigned). Hence after a claim every record up to
+    and including the one that revokes it is addressed to the claimant."""
+    if isinstance(event, (Release, Claim)):
+        return event.server_id
+    if view.owner is not None:
+        return view.owner.server_id
+    return event.server_id if isinstance(event, Assign) else None
+
+
 # ---------------------------------------------------------------- the fold
 
 

@@ -65,6 +65,7 @@ async def append_assign(nc: NATS, js: JetStreamContext, request: AssignRequest) 
     """The append behind `sf.fence.assign` (run by fence only): a compare-and-set on the log, then a notice."""
     session_id, server_id, expect_version = request.session_id, request.server_id, request.expect_version
     session_log.check_session_id(session_id)
+    session_log.check_server_id(server_id)
     for _ in range(bus.MAX_CAS_ATTEMPTS):
         tail = await session_log.read_tail(js, session_id)
         latest = tail.view.owner.version if tail.view.owner else 0
@@ -89,7 +90,7 @@ async def append_claim(js: JetStreamContext, request: ClaimRequest) -> ClaimRepl
     lands it. The engine retries a request whose answer it lost (a leader election, a fence restart),
     so a claim already standing for this same claimant is answered again instead of refused."""
     session_id = session_log.check_session_id(request.session_id)
-    server_id, version = request.server_id, request.version
+    server_id, version = session_log.check_server_id(request.server_id), request.version
     asked = Claim(server_id=server_id, version=version, cursor=request.cursor, incarnation=request.incarnation,
                   claim_id=request.claim_id)
     for _ in range(bus.MAX_CAS_ATTEMPTS):
