@@ -32,7 +32,10 @@ from services.fence.ingress import Ingress
 from services.fence.inputs import InputAppender
 from services.fence.sessions import Sessions
 
-CLAIM_CONCURRENCY = 64
+# Requests each instance handles at once. Every verb decides by compare-and-set (as it must with
+# several instances), so they need no serializing; a failover or a host claiming thousands of
+# sessions must not wait one round trip after another.
+VERB_CONCURRENCY = 64
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
 
@@ -79,14 +82,10 @@ class FenceService(Service):
                 ("fence.meta", names.FENCE_META, MetaRequest, self.sessions.meta),
                 ("fence.checkpoint", names.FENCE_CHECKPOINT, CheckpointRequest, self.sessions.checkpoint),
                 ("fence.close", names.FENCE_CLOSE, CloseRequest, self.sessions.close),
-                ("fence.assign", names.FENCE_ASSIGN, AssignRequest, self._assign)):
+                ("fence.assign", names.FENCE_ASSIGN, AssignRequest, self._assign),
+                ("fence.claim", names.FENCE_CLAIM, ClaimRequest, self._claim)):
             await bus.serve(self.nc, subject, req_type, traced(span, handler, tracer_name="statefleet.fence"),
-                            queue="fence")
-        # Claims of different sessions are independent CAS appends: a host (re)claiming many at once
-        # must not queue them one round trip after another.
-        await bus.serve(self.nc, names.FENCE_CLAIM, ClaimRequest,
-                        traced("fence.claim", self._claim, tracer_name="statefleet.fence"),
-                        queue="fence", concurrency=CLAIM_CONCURRENCY)
+                            queue="fence", concurrency=VERB_CONCURRENCY)
         await self.nc.subscribe(names.FENCE_CLOSED, cb=self._on_closed)
         await self.gateway.start(self.spawn)
         ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions),
