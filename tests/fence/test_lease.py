@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from libs import names
+from libs import bus, names
 from libs.fence import ownership, session_log
 from libs.fence.client import EngineClient
 from libs.schemas.common import InputItem
@@ -98,5 +98,37 @@ async def test_one_consumer_per_host_however_many_leases(fence, nc):
             items = aiter(lease)
             got = [await asyncio.wait_for(anext(items), 10) for _ in (1, 2)]
             assert [(i.session_id, i.seq, i.data) for i in got] == [(sid, n, f'"{sid}/{n}"'.encode()) for n in (1, 2)]
+    finally:
+        await client.close()
+
+
+async def test_a_release_delivered_before_the_claim_is_answered_is_not_lost(fence, nc, monkeypatch):
+    """The gateway may release right after the claim lands, and the host's feed deliver that release,
+    before the claim's answer reaches the engine and the lease exists: the client holds it for the lease."""
+    js = nc.jetstream()
+    mine = await ownership.assign(nc, js, SID, "E")
+    client = EngineClient(nc, js, "E")
+    await client.start()
+    request = bus.request
+    held: list[bool] = []  # whether the release was delivered while the claim went unanswered
+
+    async def answered_late(nc_, subject, msg, reply_type, **kw):
+        reply = await request(nc_, subject, msg, reply_type, **kw)
+        if subject == names.FENCE_CLAIM:
+            await write(js, Release(server_id="E", version=mine.version, items=[item(1, "early")]))
+            for _ in range(200):  # until the feed has delivered it, to nobody but the held records
+                claims = client._claiming.get(SID, {})
+                if any(isinstance(r.event, Release) for records in claims.values() for _, r in records):
+                    held.append(True)
+                    break
+                await asyncio.sleep(0.01)
+        return reply
+
+    monkeypatch.setattr(bus, "request", answered_late)
+    try:
+        lease = await client.claim(SID, mine.version, cursor=0)
+        assert held and client.lease(SID) is lease
+        first = await asyncio.wait_for(anext(aiter(lease)), 10)
+        assert (first.seq, first.data) == (1, b'"early"')
     finally:
         await client.close()
