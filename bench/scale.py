@@ -50,6 +50,15 @@ IN_FLIGHT = 8  # items posted at once while latency is measured (a burst would t
 PER_LEASE_HEARTBEAT_S = 1.0  # what the per-lease consumer used
 
 
+def pct(values: list[float], q: float) -> float | None:
+    """A percentile, or None (valid JSON) when there was nothing to measure (a failed baseline)."""
+    return percentile(values, q) if values else None
+
+
+def shown(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -283,12 +292,12 @@ async def run(quick: bool) -> dict:
         "nats_rss_kib_per_served_session": (served["rss"] - idle["rss"]) * 1024 / n_sessions,
         "nats_rss_kib_per_lease_consumer": (baseline["rss"] - served["rss"]) * 1024 / max(1, baseline["consumers"]
                                                                                          - served["consumers"]),
-        "release_latency_ms_p50": percentile(feed_ms, 50), "release_latency_ms_p99": percentile(feed_ms, 99),
-        "per_lease_release_latency_ms_p50": percentile(lease_ms, 50),
-        "per_lease_release_latency_ms_p99": percentile(lease_ms, 99),
+        "release_latency_ms_p50": pct(feed_ms, 50), "release_latency_ms_p99": pct(feed_ms, 99),
+        "per_lease_release_latency_ms_p50": pct(lease_ms, 50),
+        "per_lease_release_latency_ms_p99": pct(lease_ms, 99),
         # Host feeds timed on the same items as the per-lease consumers, while those were open too.
-        "host_feed_beside_per_lease_latency_ms_p50": percentile(feed_beside_ms, 50),
-        "host_feed_beside_per_lease_latency_ms_p99": percentile(feed_beside_ms, 99),
+        "host_feed_beside_per_lease_latency_ms_p50": pct(feed_beside_ms, 50),
+        "host_feed_beside_per_lease_latency_ms_p99": pct(feed_beside_ms, 99),
         "items_posted": items, "items_lost": lost, "sessions_misordered_or_duplicated": misordered,
         "sessions_with_stray_items": stray, "setup_s": setup_s, "sessions_set_up_per_s": n_sessions / setup_s,
         "settings": {"rounds": rounds, "items_per_round": per_round, "per_lease_heartbeat_s": PER_LEASE_HEARTBEAT_S,
@@ -312,9 +321,9 @@ def main() -> None:
            ("nats_rss_kib_per_lease_consumer", r["nats_rss_kib_per_lease_consumer"],
             f"vs {r['nats_rss_kib_per_served_session']:.3g} KiB per served session with host feeds"),
            ("release_latency_ms_p50", r["release_latency_ms_p50"],
-            f"per-lease design {r['per_lease_release_latency_ms_p50']:.3g}"),
+            f"per-lease design {shown(r['per_lease_release_latency_ms_p50'])}"),
            ("release_latency_ms_p99", r["release_latency_ms_p99"],
-            f"per-lease design {r['per_lease_release_latency_ms_p99']:.3g}"),
+            f"per-lease design {shown(r['per_lease_release_latency_ms_p99'])}"),
            ("host_feed_beside_per_lease_latency_ms_p50", r["host_feed_beside_per_lease_latency_ms_p50"],
             "the same items as the per-lease row"),
            ("items_lost", r["items_lost"], f"of {r['items_posted']}; target 0"),
