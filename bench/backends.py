@@ -7,9 +7,13 @@ Per backend (default config): `state_bytes_moved`, `state_bytes_rebuildable`, `s
 measured as chunk CRCs before and after blocks once the caches are warm, at the chunk size
 given), and `block_ms` at each tier (median of bare forwards). For `dit`, a session of a config
 whose decoder feature cache is a large share of its state (as Matrix-Game-2's is) is moved over
-TCP between two engine runtimes twice, once with the cache `moved` and once `rebuildable`:
-`move_ms_saved_by_rebuild` is the difference of the medians (register → admit → migrate → verify →
-commit, including the destination's rebuild).
+TCP between engine runtimes: with the cache `moved`, with it `rebuildable` and always rebuilt,
+and with it `rebuildable` under the hosts' `auto` choice (send it when the measured rebuild costs
+more than its bytes on the wire), the three arms interleaved rep by rep. `move_ms_saved_by_rebuild`
+is the moved arm's median minus the rebuilt arm's (register → admit → migrate → verify → commit,
+including the destination's rebuild); `rebuild_ms`, `rebuild_ms_full_replay` (the baseline: every
+history block through the whole decoder) and `decode_ms_per_block` are timed on one warm state,
+interleaved, so the rebuild's cost reads in decoded blocks.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 
 from bench.common import parser, progress, table, write
 from libs import bus, names
+from libs.checkpoint import clone_tree, trees_equal
 from libs.motion import inprocess
 from libs.motion.endpoint import MotionEndpoint
 from libs.natsd import NatsServer
@@ -42,7 +47,7 @@ from libs.schemas.motion import (
 )
 from services.engine_host.backends import Registry, advance, make_backend
 from services.engine_host.backends import spec as specs
-from services.engine_host.backends.dit import DitConfig
+from services.engine_host.backends.dit import DitConfig, decoder
 from services.engine_host.profile import chunk_crcs, dirty_bytes
 from services.engine_host.runtime import EngineRuntime
 
@@ -80,7 +85,7 @@ def measure_backend(name: str, registry: Registry, blocks: int) -> dict:
             "block_ms": block_ms}
 
 
-async def _move(nc, src: str, dst: str, move_id: str) -> float:
+async def _move(nc, src: str, dst: str, move_id: str) -> tuple[float, int]:
     t0 = time.perf_counter()
     m = await bus.request(nc, names.engine_subject(src, "register_state"),
                           RegisterState(session_id="s", fingerprint=False), Manifest)
@@ -94,34 +99,100 @@ async def _move(nc, src: str, dst: str, move_id: str) -> float:
     await bus.request(nc, names.engine_subject(dst, "verify"), slot, Verified, timeout_s=60)
     await bus.request(nc, names.engine_subject(dst, "commit"), slot, SlotDone, timeout_s=60)
     await bus.request(nc, names.engine_subject(src, "commit"), SlotRequest(session_id="s", move_id=move_id), SlotDone)
-    return (time.perf_counter() - t0) * 1000
+    return (time.perf_counter() - t0) * 1000, r.manifest.total_bytes
 
 
-async def move_ms(nc, role: str, reps: int) -> tuple[float, int]:
-    """Median TCP move time of a warm `MOVE_CONFIG` session with its decoder cache of `role`."""
+ARMS = (("cache_moved", "moved", "rebuild"), ("cache_rebuilt", "rebuildable", "rebuild"),
+        ("auto", "rebuildable", "auto"))
+
+
+async def _pair(nc, arm: str, role: str, policy: str, rebuild_s: float) -> list:
+    """Two runtimes serving `MOVE_CONFIG` with its decoder cache of `role`, moving by `policy`, and
+    a warm session on the first (its latent history has wrapped: a rebuild replays all of it)."""
     cfg = msgspec.msgpack.encode(msgspec.structs.replace(MOVE_CONFIG, vae_cache_role=role))
     hosts = []
     for h in ("a", "b"):
-        rt = EngineRuntime("cpu", host_id=f"{h}-{role}", backend_configs={"dit": cfg})
+        rt = EngineRuntime("cpu", host_id=f"{h}-{arm}", backend_configs={"dit": cfg}, rebuild_policy=policy)
+        rt.rebuilds.observe(rt.backend("dit"), rebuild_s)  # as the host's start-up profile would
         await rt.start()
         ep = MotionEndpoint(nc, rt.host_id, rt)
         await ep.start()
         inprocess.local_receivers.pop(ep.data_addr)  # TCP, as between machines
         hosts.append((rt, ep))
+    rt = hosts[0][0]
+    await rt.open(OpenSession(session_id="s", backend="dit", seed=1, tier=1, session_class="C3"))
+    await rt.advance("s", 8)
+    return hosts
+
+
+def full_replay(backend, state: dict) -> None:
+    """The baseline a rebuild is measured against: every block of the latent history through the
+    whole decoder (what the rebuild did before it fed each block only the convolutions that need it)."""
+    c = backend.config
+    for t in state["vae"]:
+        t.zero_()
+    end = state["block"] * c.frames_per_block
+    for start in range(max(0, end - c.history_frames), end, c.frames_per_block):
+        idx = torch.arange(start, start + c.frames_per_block) % c.history_frames
+        decoder.decode(c, backend.w, state["vae"], state["latents"].index_select(0, idx))
+
+
+def time_rebuild(reps: int) -> tuple[float, float, float]:
+    """Medians (ms) of a rebuild, of the full-replay baseline and of one block's decode on a warm
+    `MOVE_CONFIG` session, interleaved, on one torch thread (a team of two on a busy 2-core machine
+    spins more than it computes); each replay must give the live cache's exact bytes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        (a, _), (b, _) = hosts
-        await a.open(OpenSession(session_id="s", backend="dit", seed=1, tier=1, session_class="C3"))
-        await a.advance("s", 8)  # the latent history has wrapped: a rebuild replays all of it
-        wire = specs.tensor_bytes(a.backend("dit").state_spec(), "moved")
-        times = []
-        for i in range(reps):
-            src, dst = (a, b) if i % 2 == 0 else (b, a)
-            times.append(await _move(nc, src.host_id, dst.host_id, f"{role}-{i}"))
-        return statistics.median(times), wire
+        return _time_rebuild(reps)
     finally:
-        for rt, ep in hosts:
-            await ep.stop()
-            await rt.stop()
+        torch.set_num_threads(threads)
+
+
+def _time_rebuild(reps: int) -> tuple[float, float, float]:
+    backend = make_backend(Registry(), "dit", msgspec.msgpack.encode(MOVE_CONFIG), torch.device("cpu"))
+    state = backend.init_state(1, SessionInit(prompt="bench"))
+    carries = []
+    for _ in range(8):
+        carry = backend.denoise(state, backend.encode(state, []), 1)
+        backend.decode(state, carry)
+        carries.append(carry)
+    live = clone_tree(state["vae"])
+    rebuild, full, decode = [], [], []
+    for _ in range(reps):
+        for replay, times in ((backend.rebuild, rebuild), (lambda s: full_replay(backend, s), full)):
+            t0 = time.perf_counter()
+            replay(state)
+            times.append((time.perf_counter() - t0) * 1000)
+            assert trees_equal(state["vae"], live), "a replay must rebuild the live cache exactly"
+        t0 = time.perf_counter()
+        backend.decode(state, carries[-1])  # shape and work of a block's decode (the session is not advanced)
+        decode.append((time.perf_counter() - t0) * 1000)
+        backend.rebuild(state)  # back to the state's own cache
+    return statistics.median(rebuild), statistics.median(full), statistics.median(decode)
+
+
+async def move_arms(nc, reps: int, rebuild_ms: float) -> dict:
+    """Median TCP move time of each arm, the arms interleaved rep by rep (each rep moves every arm's
+    session once, back and forth), so a machine that slows down slows every arm alike."""
+    pairs = {arm: await _pair(nc, arm, role, policy, rebuild_ms / 1000) for arm, role, policy in ARMS}
+    times: dict[str, list[float]] = {arm: [] for arm in pairs}
+    wire: dict[str, int] = {}
+    try:
+        for i in progress(range(reps), reps, "dit moves"):
+            order = list(pairs) if i % 2 == 0 else list(reversed(pairs))
+            for arm in order:
+                (a, _), (b, _) = pairs[arm]
+                src, dst = (a, b) if i % 2 == 0 else (b, a)
+                ms, total = await _move(nc, src.host_id, dst.host_id, f"{arm}-{i}")
+                times[arm].append(ms)
+                wire[arm] = total
+    finally:
+        for hosts in pairs.values():
+            for rt, ep in hosts:
+                await ep.stop()
+                await rt.stop()
+    return {arm: (statistics.median(t), wire[arm]) for arm, t in times.items()}
 
 
 async def main_async(quick: bool) -> dict:
@@ -130,20 +201,27 @@ async def main_async(quick: bool) -> dict:
     result: dict = {"backends": {}}
     for name in progress(registry.names(), len(registry.names()), "backends"):
         result["backends"][name] = measure_backend(name, registry, blocks)
+    reps = 3 if quick else 7
+    rebuild_ms, full_replay_ms, decode_ms = time_rebuild(reps)
     server = NatsServer(store_dir=Path(tempfile.mkdtemp()) / "nats").start()
     try:
         nc = await bus.connect(server.url, name="bench-backends")
-        reps = 3 if quick else 7
-        moved_ms, moved_wire = await move_ms(nc, "moved", reps)
-        rebuilt_ms, rebuilt_wire = await move_ms(nc, "rebuildable", reps)
+        arms = await move_arms(nc, reps, rebuild_ms)
         await nc.close()
     finally:
         server.stop()
+    moved, rebuilt, auto = arms["cache_moved"], arms["cache_rebuilt"], arms["auto"]
+    cache_bytes = specs.tensor_bytes(make_backend(registry, "dit", msgspec.msgpack.encode(MOVE_CONFIG),
+                                                  torch.device("cpu")).state_spec(), "rebuildable")
     result["backends"]["dit"]["move"] = {
         "config": msgspec.to_builtins(MOVE_CONFIG), "transport": "tcp loopback", "reps": reps,
-        "move_ms_cache_moved": moved_ms, "move_ms_cache_rebuilt": rebuilt_ms,
-        "wire_bytes_cache_moved": moved_wire, "wire_bytes_cache_rebuilt": rebuilt_wire}
-    result["backends"]["dit"]["move_ms_saved_by_rebuild"] = moved_ms - rebuilt_ms
+        "move_ms_cache_moved": moved[0], "move_ms_cache_rebuilt": rebuilt[0], "move_ms_auto": auto[0],
+        "wire_bytes_cache_moved": moved[1], "wire_bytes_cache_rebuilt": rebuilt[1], "wire_bytes_auto": auto[1],
+        "auto_sent_cache": auto[1] == moved[1], "cache_bytes": cache_bytes,
+        "rebuild_threads": 1, "rebuild_ms": rebuild_ms, "rebuild_ms_full_replay": full_replay_ms, "decode_ms_per_block": decode_ms,
+        "rebuild_in_decoded_blocks": rebuild_ms / decode_ms, "rebuild_speedup_vs_full_replay": full_replay_ms / rebuild_ms}
+    result["backends"]["dit"]["move_ms_saved_by_rebuild"] = moved[0] - rebuilt[0]
+    result["backends"]["dit"]["move_ms_saved_by_auto"] = moved[0] - auto[0]
     return result
 
 
@@ -157,8 +235,14 @@ def main() -> None:
                      f"{r['state_bytes_moved'] / 2**20:.2f} / {r['state_bytes_rebuildable'] / 2**20:.2f}", ""))
         rows.append((f"{name} dirty fraction per block", r["dirty_fraction_per_block"], ""))
         rows.append((f"{name} block ms by tier", ", ".join(f"{t}: {ms:.1f}" for t, ms in r["block_ms"].items()), ""))
-    rows.append(("dit move ms saved by rebuild", result["backends"]["dit"]["move_ms_saved_by_rebuild"],
+    dit = result["backends"]["dit"]
+    rows.append(("dit move ms saved by rebuild", dit["move_ms_saved_by_rebuild"],
                  "TCP loopback; negative: the replay costs more than the bytes it saves here"))
+    rows.append(("dit move ms saved by auto", dit["move_ms_saved_by_auto"],
+                 f"auto sent the cache: {dit['move']['auto_sent_cache']}"))
+    rows.append(("dit rebuild ms / full replay ms / decode ms per block",
+                 f"{dit['move']['rebuild_ms']:.0f} / {dit['move']['rebuild_ms_full_replay']:.0f} / "
+                 f"{dit['move']['decode_ms_per_block']:.0f}", "the rebuild feeds each block only the convolutions it needs"))
     table(rows)
     write(args.json, result)
 

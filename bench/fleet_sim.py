@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +39,7 @@ from services.placement.policy import (
     Suspend,
 )
 from services.placement.policy import latency as lat
+from services.placement.provisioning.sim import SimProvisioner
 
 GIB = 1 << 30
 BACKEND = "world"
@@ -55,7 +56,8 @@ SLOW_NIC_BPS = admissibility.gbps(25)  # every fourth host: an older NIC
 CROSS_ZONE_BPS = admissibility.gbps(25)
 PROVISION_S = 60.0  # scale-out: boot and pre-warm an engine host
 RESUME_BPS = 20e9  # host memory → device
-MAX_QUEUE_S = 120.0  # a session waiting longer than this is dropped
+MAX_QUEUE_S = 120.0
+ARRIVAL_WINDOW_S = 60.0  # the arrival rate a snapshot carries is measured over this  # a session waiting longer than this is dropped
 CONTRACTS = {t: Contract(session_class="C1", quality_floor=t, determinism="T1", period_ms=PERIOD_MS) for t in ROW}
 PATHS = PathRates(default_bps=FAST_NIC_BPS, cross_zone_bps=CROSS_ZONE_BPS)
 
@@ -152,21 +154,22 @@ class Sim:
         self.sessions = {s.session_id: SimSession(s, idle_starts=[a for a, _ in s.idle]) for s in specs}
         self.hosts: dict[str, SimHost] = {}
         self.released: list[SimHost] = []
-        self.next_idx = 0
+        # Host ids and boot times come from the `sim` provisioning backend, the service's interface.
+        self.provisioner = SimProvisioner(clock=lambda: self.now, boot_s=PROVISION_S, name="h{:05d}".format)
         self.events: list[tuple[float, int, str, str]] = []
         self.seq = 0
         self.now = 0.0
         self.stats = Stats(bucket_s=max(60.0, end_s / 240))
         self.counts = Counter()
         self.last_out = self.last_in = -math.inf
+        self.arrivals: deque[float] = deque()  # arrival times within the last ARRIVAL_WINDOW_S
         for s in specs:
             self._push(s.arrival_s, "arrive", s.session_id)
             self._push(s.arrival_s + s.duration_s, "leave", s.session_id)
             for _, end in s.idle:
                 self._push(end, "input", s.session_id)
-        for _ in range(hosts):
-            h = self._new_host(0.0)
-            h.state = "up"
+        for host_id in self.provisioner.start(hosts):
+            self._new_host(host_id, 0.0).state = "up"
 
     # ------------------------------------------------------------ the loop
 
@@ -201,6 +204,7 @@ class Sim:
     def _on_arrive(self, sid: str) -> None:
         self.sessions[sid].state = "queued"
         self.counts["arrived"] += 1
+        self.arrivals.append(self.now)
         self._apply(self.react(self.snapshot()))
 
     def _on_leave(self, sid: str) -> None:
@@ -264,14 +268,17 @@ class Sim:
         sessions = tuple(self._session_view(s) for s in self.sessions.values()
                          if s.state in ("queued", "serving", "moving", "suspended"))
         provisioning = sum(1 for h in self.hosts.values() if h.state == "starting")
+        while self.arrivals and self.arrivals[0] <= self.now - ARRIVAL_WINDOW_S:
+            self.arrivals.popleft()
         return Fleet(now=self.now, hosts=hosts, sessions=sessions, paths=PATHS, provisioning=provisioning,
+                     arrivals_per_s=len(self.arrivals) / ARRIVAL_WINDOW_S,
                      last_scale_out_at=self.last_out, last_scale_in_at=self.last_in)
 
     def _host_view(self, h: SimHost) -> Host:
         tiers = [self.sessions[sid].spec.tier for sid in h.resident]
         entry = EngineEntry(host_id=h.host_id, device="cuda:0", memory_bytes=HOST_MEMORY,
                             free_memory_bytes=HOST_MEMORY - sum(ROW[t].state_bytes for t in tiers),
-                            sessions=len(tiers), profile=PROFILE, busy_fraction=sum(share(t) for t in tiers),
+                            sessions=len(tiers), profile=PROFILE, busy_fraction=self._busy(h),
                             heartbeat_at=self.now)
         return Host(entry=entry, state="up" if h.state == "up" else "draining", zone=h.zone, nic_bps=h.nic_bps,
                     reserved=tuple(h.incoming.values()), moves_in=len(h.incoming))
@@ -332,9 +339,9 @@ class Sim:
 
     def _do_scaleout(self, a: ScaleOut) -> None:
         self.last_out = self.now
-        for _ in range(a.count):
-            h = self._new_host(self.now)
-            self._push(self.now + PROVISION_S, "ready", h.host_id)
+        for host_id in self.provisioner.start(a.count):
+            self._new_host(host_id, self.now)
+            self._push(self.now + self.provisioner.boot_s, "ready", host_id)
 
     def _do_drain(self, a: Drain) -> None:
         self.last_in = self.now
@@ -347,6 +354,7 @@ class Sim:
             self._drop(self.sessions[sid], "host_released")
         h.state, h.released_at = "released", self.now
         del self.hosts[a.host_id]
+        self.provisioner.stop(a.host_id)
         self.released.append(h)
 
     def _do_suspend(self, a: Suspend) -> None:
@@ -371,9 +379,8 @@ class Sim:
         self.stats.resume_delays.append(self.now - s.idle_until + copy_s)
         self.counts["resumes"] += 1
 
-    def _new_host(self, at: float) -> SimHost:
-        h = SimHost(self.next_idx, requested_at=at)
-        self.next_idx += 1
+    def _new_host(self, host_id: str, at: float) -> SimHost:
+        h = SimHost(int(host_id[1:]), requested_at=at)
         self.hosts[h.host_id] = h
         return h
 
@@ -383,7 +390,9 @@ class Sim:
         return lat.term(CONTRACTS[tier], ROW[tier], share(tier))
 
     def _busy(self, h: SimHost) -> float:
-        return sum(share(self.sessions[sid].spec.tier) for sid in h.resident)
+        # fsum: exactly rounded, so the order a set yields its members in (which varies with the
+        # process's hash seed) cannot change a result's last bit, and with it a tie between hosts
+        return math.fsum(share(self.sessions[sid].spec.tier) for sid in h.resident)
 
     def _account(self, t: float) -> None:
         """Chunks produced since the last tick, at the load each host carries now."""
@@ -392,7 +401,7 @@ class Sim:
             if not h.resident:
                 continue
             tiers = Counter(self.sessions[sid].spec.tier for sid in h.resident)
-            busy, n = sum(share(k) * c for k, c in tiers.items()), len(h.resident)
+            busy, n = self._busy(h), len(h.resident)
             for tier, c in tiers.items():
                 term = self._term(tier)
                 self.stats.chunk(t, lat.chunk_ms(self.params, term, busy, n), chunks * c, lat.slo_ms(term))

@@ -88,11 +88,12 @@ def miss_rate(c: SessionClient, start: float, end: float) -> tuple[int, int]:
     return misses, due
 
 
-async def offer(nc, http: aiohttp.ClientSession, admission_url: str, contract: dict, seed: int) -> tuple[str, dict]:
+async def offer(nc, http: aiohttp.ClientSession, admission_url: str, contract: dict, seed: int,
+                backend: str = "avatar") -> tuple[str, dict]:
     """One create, followed to its end: ('admitted', body) | ('rejected', body) | ('unanswered', body)."""
     try:
         async with asyncio.timeout(30):
-            status, body = await create(http, admission_url, contract, seed=seed)
+            status, body = await create(http, admission_url, contract, backend=backend, seed=seed)
     except (aiohttp.ClientError, TimeoutError) as e:
         return "unanswered", {"error": type(e).__name__}
     if status == 201:

@@ -7,7 +7,9 @@ period, so hosts range from lightly to heavily loaded, a few above the rest), wi
 waiting to be placed (one per 32 hosts) and hosts in zones of eight with every fourth NIC slower,
 we time `services.placement.policy.decide` on a fresh snapshot: resumes, placements, drain
 moves, idle suspends, min-max rebalancing (admissibility-gated) and autoscaling. The snapshot is
-built outside the timed region (the service keeps it from its caches).
+built outside the timed region (the service keeps it from its caches). Wall time is the
+contract (`decide_ms_*`); the decision's own CPU time (`decide_cpu_ms_*`) is reported beside it,
+because on a shared machine the wall-time tail is mostly other processes' turns.
 """
 
 from __future__ import annotations
@@ -63,18 +65,22 @@ def _tiers(rng: np.random.Generator, n: int) -> list[int]:
 def measure(n_hosts: int, reps: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     fleets = [snapshot(n_hosts, rng) for _ in range(min(reps, 8))]
-    times, kinds = [], {}
+    times, cpu, kinds = [], [], {}
     decide(fleets[0], PARAMS)  # warm caches and imports outside the timed region
     for i in progress(range(reps), reps, f"decide, {n_hosts} hosts"):
         f = fleets[i % len(fleets)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         d = decide(f, PARAMS)
         times.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.thread_time() - c0) * 1e3)
         for a in d.actions:
             kinds[type(a).__name__] = kinds.get(type(a).__name__, 0) + 1
     return {"hosts": n_hosts, "sessions": len(fleets[0].sessions), "reps": reps,
             "decide_ms_p50": percentile(times, 50), "decide_ms_p99": percentile(times, 99),
-            "decide_ms_max": max(times), "actions_per_decision": {k: v / reps for k, v in sorted(kinds.items())}}
+            "decide_ms_max": max(times),
+            # the decision's own CPU time: wall time less what other processes on a shared machine took
+            "decide_cpu_ms_p50": percentile(cpu, 50), "decide_cpu_ms_p99": percentile(cpu, 99),
+            "actions_per_decision": {k: v / reps for k, v in sorted(kinds.items())}}
 
 
 def main() -> None:
@@ -83,7 +89,8 @@ def main() -> None:
     res = {f"hosts_{n}": measure(n, reps if n < 1024 else reps // 2, seed=n) for n in (64, 256, 1024)}
     targets = {k: {"target_ms": v, "p99_ms": res[k]["decide_ms_p99"], "met": res[k]["decide_ms_p99"] < v}
                for k, v in TARGETS_MS.items()}
-    table([(f"{k} decide p50 / p99 ms", f"{r['decide_ms_p50']:.2f} / {r['decide_ms_p99']:.2f}",
+    table([(f"{k} decide p50 / p99 ms (cpu)", f"{r['decide_ms_p50']:.2f} / {r['decide_ms_p99']:.2f} "
+            f"({r['decide_cpu_ms_p50']:.2f} / {r['decide_cpu_ms_p99']:.2f})",
             (f"target < {TARGETS_MS[k]} ms: {'met' if targets[k]['met'] else 'MISSED'}" if k in targets else ""))
            for k, r in res.items()])
     write(args.json, {"benchmark": "placement", "quick": args.quick, **res, "targets": targets,

@@ -43,12 +43,13 @@ def children_of(pid: int) -> dict[int, list[str]]:
 
 @dataclass
 class UpStack:
-    """`statefleet up --data-dir DIR --engines N [--nats-url URL]` with its own HTTP ports."""
+    """`statefleet up --data-dir DIR --engines N [--nats-url URL] [--autoscale MIN:MAX]` with its own HTTP ports."""
 
     data_dir: Path
-    engines: int = 2
+    engines: int = 2  # with `autoscale`: the MIN hosts it starts with
     nats_url: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    autoscale: str = ""  # "MIN:MAX": placement starts and stops engine hosts itself
     admission_port: int = field(default_factory=free_port)
     fence_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
@@ -68,6 +69,9 @@ class UpStack:
                 "--engines", str(self.engines)]
         if self.nats_url:
             args += ["--nats-url", self.nats_url]
+        if self.autoscale:
+            args += ["--autoscale", self.autoscale]
+            self.engines = int(self.autoscale.split(":")[0])
         # Every port its own (free) one, so stacks can run side by side.
         env = {**os.environ, "SF_ADMISSION_HTTP_PORT": str(self.admission_port),
                "SF_FENCE_HTTP_PORT": str(self.fence_port), "SF_METRICS_BASE_PORT": "0", **self.env}

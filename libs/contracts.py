@@ -15,7 +15,7 @@ they run in the slack EDF leaves, and cost only their resident state and a slot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated
 
 import msgspec
@@ -145,6 +145,35 @@ def _first_failure(need: Demand, busy: float, free: int, mem_guard: int, session
     if sessions + 1 > guard.max_sessions:
         return "slots"
     return ""
+
+
+def device_key(host: EngineEntry) -> str:
+    """Hosts with equal keys share one device: the same machine (`EngineEntry.machine`, announced in
+    every heartbeat) and the same device ("cpu" is the machine's CPU; "cuda:0" one of its GPUs)."""
+    return f"{host.machine}/{host.device}" if host.machine else f"host:{host.host_id}"
+
+
+def pooled(hosts: Sequence[EngineEntry],
+           pending: Callable[[EngineEntry], Sequence[Demand]]) -> dict[str, EngineEntry]:
+    """Each host as capacity must see it when hosts share a device: they split it, so every one of them
+    carries the whole device's load (its peers' measured load and unsettled reservations) and the
+    memory its peers' reservations will take. Each host counts its own reservations as usual (pass
+    `pending(host)` to `estimate`); a host alone on its device is returned unchanged."""
+    groups: dict[str, list[EngineEntry]] = {}
+    for h in hosts:
+        groups.setdefault(device_key(h), []).append(h)
+    out = {}
+    for peers in groups.values():
+        if len(peers) == 1:
+            out[peers[0].host_id] = peers[0]
+            continue
+        held = {p.host_id: pending(p) for p in peers}
+        for h in peers:
+            others = [p for p in peers if p is not h]
+            busy = h.busy_fraction + sum(p.busy_fraction + sum(d.busy_fraction for d in held[p.host_id]) for p in others)
+            taken = sum(d.state_bytes for p in others for d in held[p.host_id])
+            out[h.host_id] = msgspec.structs.replace(h, busy_fraction=busy, free_memory_bytes=h.free_memory_bytes - taken)
+    return out
 
 
 def idle(host: EngineEntry) -> EngineEntry:

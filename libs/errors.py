@@ -59,6 +59,14 @@ class UnsupportedInput(BadRequest):
     http_status = 422
 
 
+class BadInitInput(BadRequest):
+    """Session init inputs that are well typed but do not hold together: an image whose bytes do not
+    match its size, audio that is not whole samples (rules a schema cannot state)."""
+
+    code = "bad_init_input"
+    http_status = 422
+
+
 class UnsupportedVersion(SchemaError):
     code = "unsupported_version"
 

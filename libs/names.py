@@ -92,9 +92,14 @@ def input_session_id(subject: str) -> str:
     return subject.removeprefix(_INPUT_PREFIX)
 
 
-# KV: per-session metadata (contract, seed, token hash, checkpoint ref and cursor) and each
-# owner's applied cursor (`<sid>.applied`, written by the engine holding the lease).
+# KV: per-session metadata (contract, seed, token hash, checkpoint ref and cursor), its init media
+# (`<sid>.init`, written once at registration) and each owner's applied cursor (`<sid>.applied`,
+# written by the engine holding the lease).
 FENCE_META_BUCKET = "sf_fence_meta"
+
+
+def init_media_key(session_id: str) -> str:
+    return f"{session_id}.init"
 
 # Request/reply verbs of fence (queue group "fence").
 FENCE_REGISTER = "sf.fence.register"  # RegisterRequest → RegisterReply (caller: admission)
@@ -167,6 +172,9 @@ CAPACITY_BUCKET = "sf_capacity"
 PLACEMENT_HOSTS = "sf.placement.hosts"
 PLACEMENT_DRAIN = "sf.placement.drain"
 PLACEMENT_UNDRAIN = "sf.placement.undrain"
+# KV: leases held by compare-and-set (owner: placement). Key "fleet": the one placement instance
+# that rebalances, autoscales and suspends idle sessions (issue 12).
+PLACEMENT_LEASE_BUCKET = "sf_placement_lease"
 # `sf_engines` entries of a host that stopped beating go after this (a listing then no longer shows it).
 # Liveness is placement's to judge (three missed beats of the host's own interval), not this TTL's.
 ENGINES_TTL_S = 6.0

@@ -33,6 +33,7 @@ async def print_backends(nats_url: str, *, as_json: bool = False) -> int:
         print(f"{e.host_id} {e.device}")
         for b in e.backends:
             print(f"  {b.name:<10} tiers {','.join(map(str, b.tiers)):<10} inputs {','.join(b.input_kinds):<12} "
+                  f"starts from {','.join(b.init_kinds):<13} "
                   f"moved {b.moved_bytes / 2**20:9.2f} MiB  rebuildable {b.rebuildable_bytes / 2**20:9.2f} MiB  "
                   f"static {b.static_bytes / 2**20:8.2f} MiB  {b.source}")
     return 0

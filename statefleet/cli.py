@@ -29,7 +29,18 @@ def _up(args: argparse.Namespace) -> int:
     from statefleet.supervisor import Supervisor
 
     return Supervisor(data_dir=args.data_dir, nats_url=args.nats_url, engines=args.engines,
-                      device=args.device).run()
+                      device=args.device, autoscale=args.autoscale).run()
+
+
+def _min_max(text: str) -> tuple[int, int]:
+    """`MIN:MAX` engine hosts, 1 ≤ MIN ≤ MAX."""
+    try:
+        lo, hi = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX (two integers), got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"need 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
 
 
 def _nats_auth(args: argparse.Namespace) -> int:
@@ -81,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-url", default="", help="use this NATS instead of starting one")
     up.add_argument("--engines", type=int, default=2, help="engine hosts to start (default 2)")
     up.add_argument("--device", default="cpu", help="device for engine hosts: cpu, or cuda to use cuda:0..N-1")
+    up.add_argument("--autoscale", type=_min_max, default=None, metavar="MIN:MAX",
+                    help="let placement start and stop engine hosts with the load, between MIN and MAX "
+                         "(replaces --engines; docs/fleet.md)")
     up.set_defaults(func=_up)
 
     auth = sub.add_parser("nats-auth", help="per-service NATS users and permissions for a production server")

@@ -24,7 +24,7 @@ from libs.schemas.engine import OutputChunk
 from libs.schemas.fence import LogRecord
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from libs.session_classes import SESSION_CLASSES
-from statefleet import admin_token, json_out
+from statefleet import admin_token, init_files, json_out
 from statefleet.status import default_nats_url
 
 
@@ -64,6 +64,10 @@ async def create(args) -> int:
     if args.deadline_ms:
         contract["deadline_ms"] = args.deadline_ms
     body = {"contract": contract, "backend": args.backend, "seed": args.seed, "prompt": args.prompt}
+    if args.image:
+        body["image"] = init_files.read_image(args.image)
+    if args.audio:
+        body["audio"] = init_files.read_audio(args.audio)
     status, created = await _http("POST", f"{args.admission_url.rstrip('/')}/v1/sessions", body=body,
                                   token=admin_token.read(args.data_dir))
     _fail_on_problem(status, created)
@@ -169,7 +173,7 @@ def add_parser(sub) -> None:
     admission = os.environ.get("SF_ADMISSION_URL", "http://127.0.0.1:8700")
 
     c = verbs.add_parser("create", help="admit a session (POST /v1/sessions) and save its input token")
-    c.add_argument("--backend", default="avatar", choices=["avatar", "world"])
+    c.add_argument("--backend", default="avatar", help="a backend the hosts serve (`statefleet backends`)")
     c.add_argument("--class", dest="session_class", default="C1", choices=SESSION_CLASSES)
     c.add_argument("--period-ms", type=float, default=0.0,
                    help="C1: one block per period (default: the media one block of the backend makes)")
@@ -178,6 +182,8 @@ def add_parser(sub) -> None:
     c.add_argument("--determinism", default="T1", choices=["T0", "T1", "T2"])
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--prompt", default="")
+    c.add_argument("--image", default="", help="init image: a binary PPM (P6) file, for backends that start from one")
+    c.add_argument("--audio", default="", help="init audio: a 16 kHz mono 16-bit WAV file")
     c.set_defaults(run=create)
 
     s = verbs.add_parser("send", help="send one input item through fence's ingress")

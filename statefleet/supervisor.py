@@ -23,6 +23,7 @@ from libs import bus, bus_auth, names
 from libs.errors import Unavailable
 from libs.natsd import NatsServer
 from libs.procs import die_with_parent
+from services.placement.provisioning.local import wanted
 from statefleet import admin_token
 
 # Fixed HTTP ports for the two HTTP front doors (override with SF_*_HTTP_PORT in the environment).
@@ -50,6 +51,8 @@ class Child:
     log_path: Path
     proc: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
+    wanted: bool = True  # autoscaled engine hosts: False once the provisioner gave it back
+    stop_sent_at: float = 0.0
 
     @property
     def service(self) -> str:
@@ -70,10 +73,15 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, *, data_dir: str, nats_url: str, engines: int, device: str) -> None:
+    def __init__(self, *, data_dir: str, nats_url: str, engines: int, device: str,
+                 autoscale: tuple[int, int] | None = None) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.nats_url = nats_url
-        self.engines = engines
+        # With autoscaling, `engines` is the most hosts the fleet may grow to; placement's `local`
+        # provisioner says which of them run (a file per wanted host in provision_dir).
+        self.autoscale = autoscale
+        self.engines = autoscale[1] if autoscale else engines
+        self.provision_dir = self.data_dir / "provision"
         self.device = device
         self.nats: NatsServer | None = None
         self.nats_restarts: list[float] = []
@@ -131,8 +139,25 @@ class Supervisor:
             out += [(f"{name}-{i}" if count > 1 else name, name) for i in range(count)]
         return out
 
+    def _autoscale_env(self) -> dict[str, str]:
+        if not self.autoscale:
+            return {}
+        return {"SF_PROVISIONER": "local", "SF_PROVISION_DIR": str(self.provision_dir),
+                "SF_PROVISION_HOSTS": ",".join(self.host_ids), "SF_MIN_HOSTS": str(self.autoscale[0]),
+                "SF_MAX_HOSTS": str(self.autoscale[1])}
+
+    def _initial_hosts(self) -> None:
+        """The first MIN hosts are wanted from the start; what an earlier run wanted is forgotten."""
+        self.provision_dir.mkdir(parents=True, exist_ok=True)
+        for f in self.provision_dir.iterdir():
+            f.unlink()
+        for host_id in self.host_ids[: self.autoscale[0]]:
+            (self.provision_dir / host_id).touch()
+
     def _start_children(self) -> None:
         base = {"SF_NATS_URL": self.nats_url, "SF_LOG_JSON": "true"}
+        if self.autoscale:
+            self._initial_hosts()
         page = f"http://127.0.0.1:{self._http_port('admission')}"
         metrics = int(os.environ.get("SF_METRICS_BASE_PORT", METRICS_BASE_PORT))
         for i, (child, name) in enumerate(self._service_children()):
@@ -144,6 +169,8 @@ class Supervisor:
                 env["SF_INGRESS_URL"] = f"http://127.0.0.1:{self._http_port('fence')}"
                 # the one admin credential; the CLI reads it from the same file (admin_token.py)
                 env[admin_token.ENV] = self.admin_token
+            if name == "placement":
+                env.update(self._autoscale_env())
             if name == "fence":  # the pages admission serves may open session sockets
                 env["SF_ALLOWED_ORIGINS"] = f"{page},{page.replace('127.0.0.1', 'localhost')}"
             self.children.append(Child(child, env, self.data_dir / "logs" / f"{child}.log"))
@@ -154,8 +181,11 @@ class Supervisor:
                    "SF_CHECKPOINT_DIR": str(self.data_dir / "checkpoints"),
                    "SF_METRICS_PORT": str(metrics and metrics + 10 + i)}
             self.children.append(Child(f"engine-{i}", env, self.data_dir / "logs" / f"engine-{i}.log"))
+        want = wanted(self.provision_dir, self.host_ids) if self.autoscale else None
         for child in self.children:
-            child.start()
+            child.wanted = want is None or child.service != "engine_host" or child.env["SF_HOST_ID"] in want
+            if child.wanted:
+                child.start()
 
     @staticmethod
     def _http_port(service: str) -> str:
@@ -167,6 +197,9 @@ class Supervisor:
         if self.nats:
             print(f"{'nats-server':<12} {self.nats.proc.pid:>7}  {self.nats_url:<28} {self.nats.log_path}")
         for c in self.children:
+            if c.proc is None:
+                print(f"{c.name:<12} {'-':>7}  {'(autoscaled: not started)':<28} {c.log_path}")
+                continue
             where = c.env.get("SF_DEVICE") or (f"http://127.0.0.1:{c.env['SF_HTTP_PORT']}"
                                                if "SF_HTTP_PORT" in c.env else "bus only")
             print(f"{c.name:<12} {c.proc.pid:>7}  {where:<28} {c.log_path}")
@@ -184,8 +217,10 @@ class Supervisor:
             if self.nats and self.nats.proc.poll() is not None and not self._stop_requested:
                 if not self._restart_nats():
                     return 1
+            if self.autoscale:
+                self._reconcile_engines()
             for c in self.children:
-                if c.proc.poll() is None or self._stop_requested:
+                if c.proc is None or c.proc.poll() is None or self._stop_requested or not c.wanted:
                     continue
                 c.restarts = _count_restart(c.restarts)
                 if len(c.restarts) > RESTART_LIMIT:
@@ -195,6 +230,22 @@ class Supervisor:
                 print(f"{c.name} exited with {c.proc.returncode}; restarting", file=sys.stderr, flush=True)
                 c.start()
         return 0
+
+    def _reconcile_engines(self) -> None:
+        """Start the engine hosts placement's provisioner now wants; stop (TERM, then KILL) the ones it gave back."""
+        want = wanted(self.provision_dir, self.host_ids)
+        now = time.monotonic()
+        for c in (c for c in self.children if c.service == "engine_host"):
+            if c.env["SF_HOST_ID"] in want and not c.wanted:
+                c.wanted, c.restarts = True, []
+                c.start()
+                print(f"{c.name} started (autoscaled, pid {c.proc.pid})", flush=True)
+            elif c.env["SF_HOST_ID"] not in want and c.wanted:
+                c.wanted, c.stop_sent_at = False, now
+                c.signal(signal.SIGTERM)
+                print(f"{c.name} stopping (autoscaled)", flush=True)
+            elif not c.wanted and c.proc is not None and c.proc.poll() is None and now - c.stop_sent_at > STOP_GRACE_S:
+                c.proc.kill()
 
     def _restart_nats(self) -> bool:
         """Start NATS again on its port and data dir; the services reconnect on their own."""

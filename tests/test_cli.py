@@ -170,3 +170,13 @@ def test_killed_supervisor_takes_its_children_with_it(tmp_path):
     while time.monotonic() < deadline and _pids_alive(tree):
         time.sleep(0.2)
     assert _pids_alive(tree) == []
+
+
+@pytest.mark.parametrize("bad", ["3:1", "0:2", "two", "1:2:3"])
+def test_autoscale_bounds_are_checked_before_anything_starts(bad, capsys):
+    from statefleet.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["up", "--autoscale", bad])
+    assert e.value.code == 2 and "MIN" in capsys.readouterr().err
+    assert build_parser().parse_args(["up", "--autoscale", "1:3"]).autoscale == (1, 3)

@@ -151,8 +151,10 @@ class EngineClient:
         while True:
             yield await self.next_assignment()
 
-    async def meta(self, session_id: str) -> SessionMeta:
-        return await bus.request(self.nc, names.FENCE_META, MetaRequest(session_id=session_id), SessionMeta)
+    async def meta(self, session_id: str, *, init_media: bool = False) -> SessionMeta:
+        """The session's metadata; with `init_media`, its init image and audio too (to start it)."""
+        return await bus.request(self.nc, names.FENCE_META, MetaRequest(session_id=session_id, init_media=init_media),
+                                 SessionMeta)
 
     async def claim(self, session_id: str, version: int, cursor: int) -> Lease:
         """Ask fence to claim `(self, version)` with installed state reflecting item `cursor`; start the lease.

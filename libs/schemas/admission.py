@@ -11,6 +11,7 @@ import msgspec
 
 from libs.contracts import Contract, Demand, Estimate
 from libs.schemas.base import Msg
+from libs.schemas.engine import Base64Bytes, RawImage
 
 SESSION_ID_PATTERN = "^[0-9a-f]{32}$"
 BACKEND_PATTERN = "^[A-Za-z0-9_.-]{1,64}$"
@@ -45,6 +46,10 @@ class CreateSession(Msg, kw_only=True, forbid_unknown_fields=True):
     backend: Annotated[str, msgspec.Meta(pattern=BACKEND_PATTERN)]
     seed: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
     prompt: Annotated[str, msgspec.Meta(max_length=MAX_PROMPT_CHARS)] = ""
+    # Init inputs besides the prompt, for backends that start from them (their profile rows say
+    # which): `rgb` and `audio` are base64 in JSON; image + audio at most `libs.init_inputs.MAX_INIT_BYTES`.
+    image: RawImage | None = None
+    audio: Base64Bytes = b""  # 16 kHz mono int16 LE PCM
 
 
 class SessionRecord(Msg):

@@ -62,6 +62,13 @@ class ProfileRow(Msg):
     # those bytes one block rewrites (chunks whose CRC changed, at the mover's default chunk size).
     moved_bytes: int = 0
     dirty_bytes_per_block: int = 0
+    # What re-deriving the `rebuildable` leaves of one warm session takes here (0: it has none): a
+    # move sends those leaves instead when this exceeds their bytes' wire time.
+    rebuild_ms: float = 0.0
+    # The session init inputs it starts from (of prompt/image/audio) and the most image + audio bytes
+    # it takes: admission refuses anything else with a typed 4xx ([] / 0 = not said).
+    init_kinds: list[str] = []
+    max_init_bytes: int = 0
 
 
 class BackendInfo(Msg):
@@ -71,6 +78,7 @@ class BackendInfo(Msg):
     source: str  # "module:Class", from the `statefleet.backends` entry points or the host config
     tiers: list[int] = []
     input_kinds: list[str] = []
+    init_kinds: list[str] = []  # what a session starts from: of prompt, image, audio
     moved_bytes: int = 0  # default config's per-session state, by role
     rebuildable_bytes: int = 0
     static_bytes: int = 0
@@ -87,7 +95,8 @@ class EngineEntry(Msg):
     version: str = ""
     heartbeat_at: float = 0.0
     profile: list[ProfileRow] = []
-    busy_fraction: float = 0.0  # share of device time taken by admitted sessions' steady-state quanta
+    busy_fraction: float = 0.0  # share of device time admitted sessions are promised (quanta at their floors)
+    served_fraction: float = 0.0  # share they take at the tiers served now (at most the budget, or all at floor)
     state_bytes_resident: int = 0
     data_addr: str = ""  # host:port of the mover data plane (TCP) on this host
     machine: str = ""  # boot id + hostname (`libs.motion.machine`): equal on two hosts that share memory

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
+
+import msgspec
 
 from libs.schemas.base import Msg
 from libs.schemas.common import InputItem
@@ -11,14 +13,17 @@ from libs.session_classes import DeterminismTier, SessionClass
 SessionState = Literal["running", "suspended", "closing", "closed", "failed"]
 
 AUDIO_SAMPLE_RATE = 16000  # session init audio and `audio` input items: mono int16 little-endian PCM
+# Bytes that JSON carries as base64: the pattern tells a JSON Schema reader what decodes.
+Base64Bytes = Annotated[bytes, msgspec.Meta(extra_json_schema={
+    "pattern": "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"})]
 
 
 class RawImage(Msg):
     """An image a session starts from: `rgb` is width·height·3 bytes, row-major, uint8."""
 
-    width: int
-    height: int
-    rgb: bytes
+    width: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+    height: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+    rgb: Base64Bytes
 
 
 class SessionInit(Msg):
@@ -189,3 +194,6 @@ class SessionDescriptor(Msg):
     pending: list[InputItem] = []  # accepted but not yet folded into the state (empty in checkpoints)
     image: RawImage | None = None  # init inputs: the destination regenerates `static` leaves from them
     audio: bytes = b""
+    # The leaf roles the tree carries: ["moved"], or ["moved", "rebuildable"] when the source judged
+    # a rebuild dearer than sending those leaves (`rebuild_choice`); the destination rebuilds the rest.
+    sent_roles: tuple[str, ...] = ("moved",)

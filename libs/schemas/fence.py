@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from libs.schemas.base import Msg
 from libs.schemas.common import InputItem
+from libs.schemas.engine import RawImage
 
 
 class Owner(Msg, frozen=True):
@@ -93,6 +94,9 @@ class SessionSpec(Msg):
     backend: str
     seed: int
     prompt: str = ""
+    # The other init inputs: a replacement regenerates the session's `static` leaves from them.
+    image: RawImage | None = None
+    audio: bytes = b""
     contract: bytes = b""  # opaque msgpack written by admission
     tier: int = 0  # quality tier
     # What the session's backend takes (from its hosts' profile rows), so ingress refuses the rest
@@ -105,6 +109,9 @@ class SessionMeta(SessionSpec):
     """What a replacement server rebuilds a session from, next to the log. Only the owner moves the checkpoint."""
 
     token_sha256: bytes = b""  # the input token itself is never stored
+    # Image + audio bytes of the init media, stored once under `names.init_media_key` (0: none) so the
+    # record that every checkpoint rewrites stays small; `sf.fence.meta` answers with them filled in.
+    init_media_bytes: int = 0
     checkpoint_ref: str = ""  # where the owner's latest checkpoint lives ("" = replay from seed)
     checkpoint_cursor: int = 0  # the item seq that checkpoint reflects
     closed: bool = False
@@ -126,6 +133,7 @@ class RegisterReply(Msg):
 
 class MetaRequest(Msg):
     session_id: str
+    init_media: bool = False  # also the init image and audio (up to 512 KiB): for a server starting the session
 
 
 class CheckpointRequest(Msg):

@@ -98,3 +98,16 @@ class DrainReport(Msg):
     state: HostLiveness
     outcomes: list[SessionOutcome] = []
     remaining: int = 0  # sessions fence still says the host owns (0 once drained)
+
+
+# ---------------------------------------------------------------- the fleet controller's lease (KV `sf_placement_lease`)
+
+
+class Lease(Msg):
+    """Who acts as the fleet controller (rebalancer, autoscaler, idle offload) until when (holder's wall clock).
+
+    Taken and renewed only by compare-and-set on the key's revision: two placement instances never
+    both believe they hold it for longer than the skew between their clocks."""
+
+    holder: str
+    expires_at: float

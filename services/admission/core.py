@@ -32,6 +32,7 @@ from libs.contracts import (
     check_coherence,
     estimate,
     idle,
+    pooled,
 )
 from libs.errors import BadRequest
 from libs.schemas.admission import AdmissionVerdict
@@ -134,8 +135,9 @@ class AdmissionCore:
 
     def _estimates(self, cand: Candidate, hosts: Sequence[EngineEntry]) -> Iterator[Estimate]:
         """Estimates host by host in host_id order (the order placement's first fit uses), lazily."""
+        views = pooled(hosts, self.reservations.on)  # hosts that share a device split it
         for h in sorted(hosts, key=lambda h: h.host_id):
-            yield estimate(cand.contract, cand.backend, h, self.reservations.on(h), self.policy.guard)
+            yield estimate(cand.contract, cand.backend, views[h.host_id], self.reservations.on(h), self.policy.guard)
 
     def _idle_fits(self, cand: Candidate, host: EngineEntry) -> bool:
         return estimate(cand.contract, cand.backend, idle(host), [], self.policy.guard).fits

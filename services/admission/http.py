@@ -23,6 +23,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from libs import init_inputs
 from libs.errors import BadRequest, Forbidden, Internal, NotFound, StatefleetError, Unauthorized
 from libs.schemas.admission import (
     BACKEND_PATTERN,
@@ -44,7 +45,8 @@ log = structlog.get_logger("statefleet.admission.http")
 PROBLEM = "application/problem+json"
 _SESSION_ID = re.compile(SESSION_ID_PATTERN.strip("^$"))  # fullmatch: `$` admits a trailing newline
 _BACKEND = re.compile(BACKEND_PATTERN.strip("^$"))
-MAX_BODY_BYTES = 256 * 1024  # a create body: contract and prompt (itself at most MAX_PROMPT_CHARS)
+# a create body: contract, prompt (at most MAX_PROMPT_CHARS) and init media as base64 (4/3 of their bytes)
+MAX_BODY_BYTES = 256 * 1024 + init_inputs.MAX_INIT_BYTES * 4 // 3 + 4
 MAX_BODY_DEPTH = 32
 _HOST_ID = re.compile(HOST_ID_PATTERN.strip("^$"))
 _FIELD = re.compile(r"at `\$\.?([^`]*)`")

@@ -33,7 +33,7 @@ import nats.js.errors
 from aiohttp import web
 from opentelemetry import trace
 
-from libs import bus, names
+from libs import bus, init_inputs, names
 from libs.config import BaseConfig, PositiveFloat, PositiveInt
 from libs.contracts import Demand, Guard
 from libs.errors import Busy, Conflict, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
@@ -141,6 +141,8 @@ class AdmissionService(Service):
         if len(req.prompt.encode()) > self.config.max_prompt_bytes:
             raise TooLarge(f"prompt is over {self.config.max_prompt_bytes} bytes", field="prompt",
                            limit=self.config.max_prompt_bytes)
+        kinds, max_bytes = init_limits(req.backend, self._live())
+        init_inputs.check(req.prompt, req.image, req.audio, kinds=kinds, max_bytes=max_bytes, backend=req.backend)
         contract = media_rate.complete(req.contract, req.backend, [r for h in self._live() for r in h.profile])
         req = msgspec.structs.replace(req, contract=contract)
         cand = Candidate(session_id=uuid.uuid4().hex, backend=req.backend, contract=req.contract)
@@ -184,6 +186,7 @@ class AdmissionService(Service):
         """Register with fence (shared metadata for any server that will run it); returns the input token."""
         rows = [r for h in self._live() for r in h.profile if r.backend == req.backend]
         reg = RegisterRequest(session_id=session_id, backend=req.backend, seed=req.seed, prompt=req.prompt,
+                              image=req.image, audio=req.audio,
                               contract=encode(req.contract), tier=req.contract.quality_floor,
                               input_kinds=rows[0].input_kinds if rows else [],
                               max_input_bytes=min(r.max_input_bytes for r in rows) if rows else 0)
@@ -415,6 +418,17 @@ class AdmissionService(Service):
         return SessionStatus(session_id=r.session_id, state=r.state, backend=r.backend, contract=r.contract,
                            host_id=r.host_id, verdict=verdict, metrics=metrics, created_at=r.created_at,
                            updated_at=r.updated_at)
+
+
+def init_limits(backend: str, hosts: list[EngineEntry]) -> tuple[set[str] | None, int]:
+    """The init kinds every live host that serves `backend` starts a session from, and the fewest
+    init bytes any of them takes (a session must start wherever it is placed or failed over to).
+    Nothing known (no host says): (None, 0), and only the form and the bus-wide cap are checked."""
+    rows = [r for h in hosts for r in h.profile if r.backend == backend and r.init_kinds]
+    if not rows:
+        return None, 0
+    kinds = set.intersection(*(set(r.init_kinds) for r in rows))
+    return kinds, min((r.max_init_bytes for r in rows if r.max_init_bytes), default=0)
 
 
 def _rejection(verdict: AdmissionVerdict) -> StatefleetError:

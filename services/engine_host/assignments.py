@@ -50,9 +50,10 @@ REPORT_EVERY_S = 0.5
 
 
 def open_spec(meta: SessionMeta) -> OpenSession:
-    """The engine session a registered session starts as, from its contract."""
+    """The engine session a registered session starts as, from its contract and init inputs."""
     contract = msgspec.msgpack.decode(meta.contract, type=Contract)
     return OpenSession(session_id=meta.session_id, backend=meta.backend, seed=meta.seed, prompt=meta.prompt,
+                       image=meta.image, audio=meta.audio,
                        quality_floor=contract.quality_floor, session_class=contract.session_class,
                        period_ms=contract.release_period_ms, determinism=contract.determinism)
 
@@ -126,7 +127,7 @@ class Assignments:
         logs.bind(session_id=sid, server_id=self.client.server_id, version=version)
         held = self.host.holds(sid)
         try:
-            meta = await self.client.meta(sid)
+            meta = await self.client.meta(sid, init_media=True)  # a start from the seed needs them
             if meta.closed:
                 return
             cursor = await self._install(meta)

@@ -14,10 +14,12 @@ from typing import Any
 
 import structlog
 
+from libs import init_inputs
 from libs.errors import BadRequest, Busy, Conflict
 from libs.schemas.engine import OpenSession, SessionInfo
 from libs.session_classes import PERIODIC, coalescable
 from services.engine_host.backends import Backend
+from services.engine_host.backends.base import init_kinds, max_init_bytes
 from services.engine_host.costs import Backends, shape_of
 from services.engine_host.metrics import SessionStats
 from services.engine_host.pipeline import StagePipeline
@@ -61,6 +63,8 @@ class Lifecycle:
                                  session_id=spec.session_id)
         if spec.tier and spec.quality_floor > spec.tier:
             raise BadRequest("quality_floor is above the requested tier", session_id=spec.session_id)
+        init_inputs.check(spec.prompt, spec.image, spec.audio, kinds=init_kinds(backend),
+                          max_bytes=max_init_bytes(backend), backend=spec.backend, session_id=spec.session_id)
         periodic = spec.session_class in PERIODIC
         if periodic != (spec.period_ms > 0) or not math.isfinite(spec.period_ms):
             raise BadRequest(f"{spec.session_class} sessions {'need' if periodic else 'take no'} period_ms",

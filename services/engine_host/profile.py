@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 
+import msgspec
+
 from libs.checkpoint import tree_bytes
 from libs.checkpoint.tree import tensors as tree_tensors
 from libs.motion import crc
@@ -12,6 +14,7 @@ from libs.schemas.common import ProfileRow
 from libs.schemas.engine import SessionInit
 from services.engine_host.backends import Backend
 from services.engine_host.backends import spec as specs
+from services.engine_host.backends.base import init_kinds, max_init_bytes
 
 DIRTY_CHUNK_BYTES = 1 << 20  # the mover's default chunk: what a pre-copy round resends is counted in these
 
@@ -54,8 +57,21 @@ def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[Profi
                                media_s_per_block=backend.media_s_per_block, moved_bytes=tree_bytes(moved),
                                dirty_bytes_per_block=dirty,
                                input_kinds=sorted(backend.input_kinds),
-                               max_input_bytes=getattr(backend, "max_input_bytes", 0)))
+                               max_input_bytes=getattr(backend, "max_input_bytes", 0),
+                               init_kinds=sorted(init_kinds(backend)), max_init_bytes=max_init_bytes(backend)))
+    if specs.tensor_bytes(spec, "rebuildable"):  # after every tier's blocks: the history a rebuild replays is full
+        rebuild_ms = _time_rebuild(backend, state)
+        rows = [msgspec.structs.replace(r, rebuild_ms=rebuild_ms) for r in rows]
     return rows
+
+
+def _time_rebuild(backend: Backend, state: dict) -> float:
+    """What re-deriving the scratch session's rebuildable leaves takes (a rebuild is exact, so
+    running it on the live scratch state changes nothing)."""
+    t0 = time.perf_counter()
+    backend.rebuild(state)
+    _sync(backend)
+    return (time.perf_counter() - t0) * 1000
 
 
 def chunk_crcs(tree: dict, chunk_bytes: int = DIRTY_CHUNK_BYTES) -> list[tuple[int, int]]:

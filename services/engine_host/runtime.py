@@ -25,6 +25,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
+import msgspec
 import structlog
 import torch
 
@@ -45,6 +46,7 @@ from services.engine_host.journal import OutputJournal
 from services.engine_host.lifecycle import Lifecycle
 from services.engine_host.offload import Offload
 from services.engine_host.pipeline import StagePipeline
+from services.engine_host.rebuild_choice import RebuildChoice, RebuildPolicy
 from services.engine_host.scheduler import Dispatch, EdfScheduler
 from services.engine_host.session import Rejected, SessionTable
 from services.engine_host.sink import OutputSink, Publish
@@ -68,7 +70,8 @@ class EngineRuntime:
                  backend_configs: dict[str, bytes] | None = None, registry: Registry | None = None,
                  max_batch: int = 8,
                  max_in_flight: int = 2, guard_s: float = 0.002, max_sessions: int = 64,
-                 edge_capacity: int = 2, clock: Callable[[], float] = time.monotonic) -> None:
+                 edge_capacity: int = 2, clock: Callable[[], float] = time.monotonic,
+                 rebuild_policy: RebuildPolicy = "auto", move_wire_bps: float = 1.25e9) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:  # tensors report an indexed device
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -90,8 +93,10 @@ class EngineRuntime:
                                    max_sessions=max_sessions, in_thread=self.in_thread, clock=clock, wake=wake,
                                    gate=self.boundaries.gate)
         self.sink = OutputSink(publish, self.costs, fail=self.lifecycle.fail, clock=clock)
+        self.rebuilds = RebuildChoice(rebuild_policy, move_wire_bps)
         self.endpoint = HostEndpoint(self.sessions, self.backends, self.lifecycle, self.boundaries,
-                                     self.sched.tasks.get, clock=clock, in_thread=self.in_thread)
+                                     self.sched.tasks.get, clock=clock, in_thread=self.in_thread,
+                                     rebuilds=self.rebuilds)
         self.offload = Offload(self.sessions, self.boundaries, self.sched, self.device,
                                in_thread=self.in_thread, clock=clock)
         self.snapshots = Snapshots(checkpoints, self.sessions, self.boundaries, self.sched.tasks.get, self.device,
@@ -131,9 +136,13 @@ class EngineRuntime:
         return self.backends.get(name, config)
 
     def seed_costs(self, rows: list[ProfileRow]) -> None:
-        """Start the cost estimates from profile rows measured at start-up (default configs)."""
+        """Start the cost estimates (and the rebuild times a move's choice weighs) from profile rows
+        measured at start-up (default configs)."""
         for r in rows:
-            self.costs.seed(shape_of(self.backend(r.backend)), r.tier, r.quantum_ms / 1000)
+            backend = self.backend(r.backend)
+            self.costs.seed(shape_of(backend), r.tier, r.quantum_ms / 1000)
+            if r.rebuild_ms and self.rebuilds.rebuild_s(backend) is None:
+                self.rebuilds.observe(backend, r.rebuild_ms / 1000)
 
     # ------------------------------------------------------------ session verbs
 
@@ -246,9 +255,26 @@ class EngineRuntime:
                                 tier_changes=t.tier_changes if t else 0)
 
     def busy_fraction(self) -> float:
-        """Share of device time the periodic sessions' steady-state quanta take."""
-        return sum(self.costs.estimate(t.shape, t.tier, 1) / t.period_s for t in self.sched.tasks.values()
+        """Share of device time the periodic sessions are promised: their quanta at their quality floors,
+        at the costs learned while serving. This is what admission budgets for each of them
+        (`contracts.demand` at the floor row), so the two count the same thing; the scheduler steps
+        sessions down toward their floors whenever what they are served at would not fit."""
+        return sum(self.costs.estimate(t.shape, t.ladder[0], 1) / t.period_s for t in self.sched.tasks.values()
                    if t.cls in PERIODIC and not t.paused)
+
+    def served_fraction(self) -> float:
+        """Share of device time the periodic sessions take at the tiers they are served at now."""
+        return self.sched.load()
+
+    def refreshed_profile(self, rows: list[ProfileRow]) -> list[ProfileRow]:
+        """The start-up rows with each quantum's cost as serving has measured it since (the cost model's
+        EWMA for the default config, batch of one): admission prices the next session at today's cost."""
+        out = []
+        for r in rows:
+            learned = self.costs.estimate(shape_of(self.backend(r.backend)), r.tier, 1) * 1000
+            out.append(r if learned <= 0 or learned == r.quantum_ms
+                       else msgspec.structs.replace(r, quantum_ms=learned))
+        return out
 
     def backend_infos(self) -> list[BackendInfo]:
         """Every backend this host can serve (builds each default config: call it off the loop)."""

@@ -17,7 +17,12 @@ before starting any quantum that is not the most urgent C1 the core checks a gua
 band: the quantum must end, plus `guard_s`, before every C1 release's latest start
 time. A periodic session steps down its quality ladder when its quantum would miss
 at the current tier, and back up after `up_after` blocks that finished with room
-for the next tier. Ready quanta of the same shape (backend, tier) from sessions that
+for the next tier. The host as a whole steps down too: whenever the periodic sessions'
+steady-state load at their current tiers (`load()`, from the learned costs) passes
+`busy_limit`, the session with the highest tier steps down a rung, until the load fits,
+so a host under pressure gives up quality before it misses a period; a step up that would
+push the load past the limit waits. Pressure the costs do not show (C1 periods going by
+unserved) lowers the working limit for a while, so the ladder steps down then too. Ready quanta of the same shape (backend, tier) from sessions that
 allow it are coalesced into one batched dispatch.
 """
 
@@ -27,6 +32,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from libs.contracts import Guard
 from libs.session_classes import BULK_ORDER, PERIODIC
 
 CLASS_RANK = {c: i for i, c in enumerate(PERIODIC + BULK_ORDER)}
@@ -55,6 +61,7 @@ class Task:
     skipped: int = 0
     missed: int = 0
     tier_changes: int = 0
+    pressure_steps: int = 0  # step-downs the host's load forced (of tier_changes)
 
     @property
     def deadline(self) -> float:
@@ -81,6 +88,20 @@ class EdfScheduler:
     guard_s: float = 0.002
     max_batch: int = 8
     up_after: int = 8
+    # the device share periodic sessions may take at their current tiers: admission's budget (1 − guard)
+    busy_limit: float = 1.0 - Guard().busy_fraction
+    # What the costs do not show (the event loop, other processes on the cores) shows as C1 releases
+    # skipped or blocks late: each such period cuts the working limit by `cut` (at most once per
+    # `cut_every_s`, never below `min_limit`), and every `raise_every_s` without one gives back `give`.
+    cut: float = 0.9
+    cut_every_s: float = 0.5
+    raise_every_s: float = 2.0
+    give: float = 0.05
+    min_limit: float = 0.2
+    limit: float = math.nan  # the working limit (starts at busy_limit)
+    _last_cut: float = -math.inf
+    _last_raise: float = -math.inf
+    _trouble: bool = False  # a C1 period went by unserved since the last pick
     tasks: dict[str, Task] = field(default_factory=dict)
     dispatched: list[Dispatch] = field(default_factory=list, repr=False)
     record: bool = False  # keep every dispatch (tests)
@@ -116,6 +137,7 @@ class EdfScheduler:
             while t.next_release <= now:
                 if t.pending_release is not None:
                     t.skipped += 1  # depth 1: the older release never ran and is superseded
+                    self._trouble |= t.cls == "C1"
                 t.pending_release = t.next_release
                 t.next_release += t.period_s
 
@@ -129,6 +151,8 @@ class EdfScheduler:
     def pick(self, now: float) -> Dispatch | Idle:
         self._release(now)
         self._skip_hopeless(now)
+        self._adapt(now)
+        self._relieve()
         ready = [t for t in self.tasks.values() if self._ready(t)]
         periodic = sorted((t for t in ready if t.cls in PERIODIC),
                           key=lambda t: (t.deadline, CLASS_RANK[t.cls], t.sid))
@@ -141,12 +165,46 @@ class EdfScheduler:
                 return self._dispatch(group, tier, now)
         return self._idle(now, bool(ready))
 
+    def load(self) -> float:
+        """Device share the periodic sessions take at their current tiers (steady state, learned costs)."""
+        return sum(self._share(t, t.tier) for t in self.tasks.values() if t.cls in PERIODIC and not t.paused)
+
+    def _share(self, t: Task, tier: int) -> float:
+        return self.cost(t.shape, tier, 1) / t.period_s
+
+    def _adapt(self, now: float) -> None:
+        if math.isnan(self.limit):
+            self.limit = self.busy_limit
+        if self._trouble and now - self._last_cut >= self.cut_every_s:
+            self.limit = max(self.min_limit, self.limit * self.cut)
+            self._last_cut = self._last_raise = now
+        elif not self._trouble and now - max(self._last_cut, self._last_raise) >= self.raise_every_s:
+            self.limit = min(self.busy_limit, self.limit + self.give)
+            self._last_raise = now
+        self._trouble = False
+
+    def _relieve(self) -> None:
+        """Under pressure, step the highest-tier periodic sessions down a rung each until the load fits."""
+        live = [t for t in self.tasks.values() if t.cls in PERIODIC and not t.paused]
+        load = sum(self._share(t, t.tier) for t in live)
+        while load > self.limit + 1e-12:
+            can = [t for t in live if t.tier > t.ladder[0]]
+            if not can:
+                return  # every session is at its floor: admission's promise, nothing left to give
+            t = max(can, key=lambda x: (x.tier, self._share(x, x.tier) - self._share(x, _below(x)), x.sid))
+            lower = _below(t)
+            load -= self._share(t, t.tier) - self._share(t, lower)
+            t.tier, t.slack_blocks = lower, 0
+            t.tier_changes += 1
+            t.pressure_steps += 1
+
     def _skip_hopeless(self, now: float) -> None:
         """C1 releases that cannot finish by their deadline even at the lowest tier are skipped now."""
         for t in self.tasks.values():
             if t.cls == "C1" and self._ready(t) and now + self.cost(t.shape, t.ladder[0], 1) > t.deadline:
                 t.skipped += 1
                 t.pending_release = None
+                self._trouble = True
 
     def _tier_for(self, t: Task, now: float) -> int:
         """The highest tier at or below the current one that still meets the deadline (periodic classes)."""
@@ -224,6 +282,7 @@ class EdfScheduler:
             t.running = False
             if now > deadline:
                 t.missed += 1
+                self._trouble |= t.cls == "C1"
             if t.cls in PERIODIC:
                 self._maybe_step_up(t, deadline - now)
 
@@ -233,7 +292,11 @@ class EdfScheduler:
             return
         extra = self.cost(t.shape, higher[0], 1) - self.cost(t.shape, t.tier, 1)
         t.slack_blocks = t.slack_blocks + 1 if slack > extra + self.guard_s else 0
-        if t.slack_blocks >= self.up_after:
+        limit = self.busy_limit if math.isnan(self.limit) else self.limit
+        if t.slack_blocks >= self.up_after and self.load() + extra / t.period_s <= limit + 1e-12:
             t.tier, t.slack_blocks = higher[0], 0
             t.tier_changes += 1
 
+
+def _below(t: Task) -> int:
+    return max(x for x in t.ladder if x < t.tier)

@@ -10,7 +10,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import torch
@@ -64,6 +64,11 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # name -> "module:Class": serves a backend no distribution registers, or settles a name that
     # two distributions register under `statefleet.backends` (otherwise a start-up error)
     backend_sources: dict[str, str] = {}
+    # Moves of sessions with `rebuildable` leaves: "auto" sends them when a measured rebuild takes
+    # longer than their bytes at move_wire_bps (the rate this host's moves are assumed to get),
+    # "rebuild" never sends them, "send" always does (docs/backends.md, "Rebuild or send").
+    rebuild_policy: Literal["auto", "rebuild", "send"] = "auto"
+    move_wire_bps: PositiveFloat = 1.25e9
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -123,6 +128,7 @@ class EngineHostService(Service):
         self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
                                      backend_configs=configs, registry=Registry(cfg.backend_sources),
                                      max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
+                                     rebuild_policy=cfg.rebuild_policy, move_wire_bps=cfg.move_wire_bps,
                                      max_sessions=cfg.max_sessions)
         self.backend_infos = await self.runtime.in_thread(self.runtime.backend_infos)
         self.profile = await self.runtime.in_thread(self._measure_profile)
@@ -195,7 +201,8 @@ class EngineHostService(Service):
         rt = self.runtime
         entry = EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=total,
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
-                            sessions=len(rt.sessions), profile=self.profile, busy_fraction=rt.busy_fraction(),
+                            sessions=len(rt.sessions), profile=rt.refreshed_profile(self.profile),
+                            busy_fraction=rt.busy_fraction(), served_fraction=rt.served_fraction(),
                             state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
                             backends=self.backend_infos, machine=self.motion.machine,
                             incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s)

@@ -1,7 +1,9 @@
 """Session registration and shared metadata (`sf_fence_meta` KV), served on `sf.fence.<verb>`.
 
 The metadata is what a replacement server rebuilds a session from: contract, seed,
-prompt, tier and the latest checkpoint with the cursor it reflects. Only the
+init inputs (prompt, image, audio), tier and the latest checkpoint with the cursor it reflects.
+The image and audio live under a key of their own (`<sid>.init`), written once: the record
+itself is rewritten by every checkpoint and cached per session for ingress, so it stays small. Only the
 session's claimed owner moves the checkpoint, and only forward. The input token
 is returned once at registration; only its SHA-256 is stored.
 """
@@ -21,10 +23,11 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from libs import bus, errors, names
+from libs import bus, errors, init_inputs, names
 from libs.fence import core, ownership, session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import INPUT_KINDS, SessionSummary
+from libs.schemas.engine import SessionInit
 from libs.schemas.fence import (
     CheckpointRequest,
     CloseReply,
@@ -66,10 +69,17 @@ class Sessions:
         if len(req.contract) > self.max_contract_bytes:
             raise errors.TooLarge(f"contract is {len(req.contract)} bytes (max {self.max_contract_bytes})",
                                   session_id=req.session_id)
+        # Form and size: the kinds are the backend's to say (admission and the engine check those).
+        init_inputs.check(req.prompt, req.image, req.audio, backend=req.backend, session_id=req.session_id)
         token = secrets.token_urlsafe(32)
         spec = {name: getattr(req, name) for name in SessionSpec.__struct_fields__}
-        meta = SessionMeta(**spec, token_sha256=token_digest(token), created_at=time.time())
+        media = (len(req.image.rgb) if req.image is not None else 0) + len(req.audio)
+        meta = SessionMeta(**{**spec, "image": None, "audio": b""}, token_sha256=token_digest(token),
+                           created_at=time.time(), init_media_bytes=media)
         try:
+            if media:  # first: whoever reads the record finds its media
+                await self.kv.create(names.init_media_key(req.session_id),
+                                  encode(SessionInit(image=req.image, audio=req.audio)))
             await self.kv.create(req.session_id, encode(meta))
         except nats.js.errors.KeyWrongLastSequenceError:
             raise errors.Conflict("session already registered", session_id=req.session_id) from None
@@ -81,7 +91,14 @@ class Sessions:
         return RegisterReply(session_id=req.session_id, token=token)
 
     async def meta(self, req: MetaRequest) -> SessionMeta:
+        """The record, with its init media when asked (a server starting the session needs them)."""
         meta, _ = await self._read(session_log.check_session_id(req.session_id))
+        if req.init_media and meta.init_media_bytes and not meta.closed:  # a closed one starts nowhere again
+            try:
+                media = decode((await self.kv.get(names.init_media_key(req.session_id))).value, SessionInit)
+            except nats.js.errors.KeyNotFoundError:
+                raise errors.IntegrityError("the session's init media are missing", session_id=req.session_id) from None
+            meta.image, meta.audio = media.image, media.audio
         return meta
 
     async def checkpoint(self, req: CheckpointRequest) -> SessionMeta:
@@ -108,6 +125,8 @@ class Sessions:
             meta, revision = await self._read(req.session_id)
             meta.closed = True
             if await self._write(meta, revision):
+                if meta.init_media_bytes:
+                    await self._forget_media(req.session_id)
                 break
         await self.nc.publish(names.FENCE_CLOSED, req.session_id.encode())
         for _ in range(bus.MAX_CAS_ATTEMPTS):
@@ -123,6 +142,13 @@ class Sessions:
             _log.info("session_closed", session_id=req.session_id, log_seq=new.seq)
             return CloseReply(session_id=req.session_id, log_seq=new.seq)
         raise errors.Conflict("close kept losing the race", session_id=req.session_id)
+
+    async def _forget_media(self, session_id: str) -> None:
+        """A closed session's init media are read by no one again: free them."""
+        try:
+            await self.kv.purge(names.init_media_key(session_id))
+        except (nats.errors.Error, nats.js.errors.Error) as e:  # only storage until the bucket is cleaned
+            _log.warning("init_media_purge_failed", session_id=session_id, error=repr(e))
 
     async def _purge_input(self, session_id: str) -> None:
         """A closed session's stored input is never released again (its log ends in Close): free it."""

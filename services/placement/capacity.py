@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from libs.contracts import Contract, Demand, Estimate, Guard, estimate
+from libs.contracts import Contract, Demand, Estimate, Guard, estimate, pooled
 from libs.schemas.common import EngineEntry
 from libs.schemas.placement import HostRecord, Reserved
 
@@ -40,8 +40,14 @@ def fit(contract: Contract, backend: str, host: EngineEntry, record: HostRecord 
 def in_order(contract: Contract, backend: str, hosts: Sequence[EngineEntry],
              records: Mapping[str, HostRecord], guard: Guard, settle_s: float) -> list[Estimate]:
     """Every host's estimate in host_id order: initial placement takes the first that fits (first fit)."""
-    return [fit(contract, backend, h, records.get(h.host_id), guard, settle_s)
+    views = shared(hosts, records, settle_s)
+    return [fit(contract, backend, views[h.host_id], records.get(h.host_id), guard, settle_s)
             for h in sorted(hosts, key=lambda h: h.host_id)]
+
+
+def shared(hosts: Sequence[EngineEntry], records: Mapping[str, HostRecord], settle_s: float) -> dict[str, EngineEntry]:
+    """Hosts that share a device split it (`contracts.pooled`), their reservations included."""
+    return pooled(hosts, lambda h: pending(records.get(h.host_id), h, settle_s))
 
 
 def most_room(contract: Contract, backend: str, hosts: Sequence[EngineEntry],
@@ -50,7 +56,8 @@ def most_room(contract: Contract, backend: str, hosts: Sequence[EngineEntry],
     """The fitting host left least busy by the session (failover and drain spread a host's sessions),
     ties by host_id; and every host's estimate."""
     skip = set(exclude)
-    ests = [fit(contract, backend, h, records.get(h.host_id), guard, settle_s)
+    views = shared(hosts, records, settle_s)
+    ests = [fit(contract, backend, views[h.host_id], records.get(h.host_id), guard, settle_s)
             for h in sorted(hosts, key=lambda h: h.host_id) if h.host_id not in skip]
     fitting = [e for e in ests if e.fits]
     best = min(fitting, key=lambda e: (e.host_busy_fraction + e.busy_fraction, e.host_id), default=None)

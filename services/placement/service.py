@@ -1,4 +1,5 @@
-"""The placement service process: initial placement, host liveness, failover, capacity reservations, drain.
+"""The placement service process: initial placement, host liveness, failover, capacity reservations, drain,
+and the fleet controller (`controller.py`: rebalancing, autoscaling, idle offload; one instance at a time).
 
 Several instances run (`statefleet up` starts two); none is special. Each mirrors three KV
 buckets through watches: `sf_engines` (heartbeats → liveness), `sf_capacity` (host records:
@@ -22,7 +23,7 @@ from typing import Annotated
 import msgspec
 
 from libs import bus, names
-from libs.config import BaseConfig, PositiveFloat, PositiveInt
+from libs.config import PositiveFloat, PositiveInt
 from libs.contracts import Contract, Guard
 from libs.errors import Conflict, NotFound, Rejected, StatefleetError
 from libs.fence.ownership import assign, read_owner, update_summary
@@ -41,6 +42,8 @@ from libs.service import Service
 from libs.tasks import spawn
 from libs.telemetry import counter, histogram, traced
 from services.placement import capacity, failover
+from services.placement.control_config import FleetControlConfig
+from services.placement.controller import FleetController, provisioner_for
 from services.placement.drainer import Drainer
 from services.placement.liveness import Death, Liveness
 from services.placement.mirror import KvMirror
@@ -53,7 +56,7 @@ _sweep_time = histogram("sf_placement_sweep", "One failover sweep", unit="s")
 Fraction = Annotated[float, msgspec.Meta(ge=0, lt=1)]
 
 
-class PlacementConfig(BaseConfig, kw_only=True):
+class PlacementConfig(FleetControlConfig, kw_only=True):
     # A reservation counts against its host until a heartbeat this much newer shows it (covers clock skew).
     reservation_settle_s: PositiveFloat = 6.0
     # The guard band kept free on every host by failover and drain (admission passes its own for new sessions).
@@ -102,6 +105,9 @@ class PlacementService(Service):
             for mirror in (self.engines, self.hosts, self.sessions):
                 await mirror.ready.wait()
         self.drainer = Drainer(self)
+        lease_kv = await bus.ensure_kv(self.js, names.PLACEMENT_LEASE_BUCKET, replicas=cfg.nats_replicas)
+        self.fleet = FleetController(self, lease_kv, provisioner_for(self))
+        self.spawn(self.fleet.run(), "fleet")
         self.spawn(self._expire_loop(), "liveness")
         self.spawn(self._sweep_loop(), "sweep")
         for subject, span, req_type, handler in (

@@ -143,3 +143,23 @@ def test_invariants_under_random_traffic(ops):
             assert h.busy_fraction + sum(d.busy_fraction for d in k.reservations.on(h)) <= 0.9 + 1e-9
     queued = {w.candidate.session_id for w in k.waiting()}
     assert queued == {s for s, o in outcomes.items() if o == "queued"}
+
+
+def on(machine: str, h):
+    import msgspec
+    return msgspec.structs.replace(h, machine=machine, device="cpu")
+
+
+def test_hosts_sharing_a_machines_cpu_split_it_rather_than_each_counting_all_of_it():
+    """Two CPU hosts on one machine at 0.4 busy each: the CPU is at 0.8, so a 0.2 session fits neither
+    (it would on either were they on two machines). Reservations on one count against the other."""
+    k = core()
+    shared = [on("m1", host("h0", busy=0.4)), on("m1", host("h1", busy=0.4))]
+    assert k.submit(cand(1, c1(floor=8)), shared, 1000.0).outcome == "queued"
+    apart = [on("m1", host("h0", busy=0.4)), on("m2", host("h1", busy=0.4))]
+    assert core().submit(cand(1, c1(floor=8)), apart, 1000.0).outcome == "admitted"
+    k = core()
+    light = [on("m1", host("h0", busy=0.3)), on("m1", host("h1", busy=0.3))]  # 0.6 of 0.9: room for one 0.2
+    assert admit(k, 1, light, contract=c1(floor=8)).outcome == "admitted"
+    v = admit(k, 2, light, contract=c1(floor=8))
+    assert v.outcome == "queued" and all(e.host_busy_fraction == 0.8 for e in v.estimates)

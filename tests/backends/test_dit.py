@@ -17,7 +17,7 @@ from libs.schemas.engine import RawImage, SessionInit
 from services.engine_host.backends import spec as specs
 from services.engine_host.backends import weights
 from services.engine_host.backends.base import advance, forward_passes
-from services.engine_host.backends.dit import DitConfig, DitWorldBackend
+from services.engine_host.backends.dit import DitConfig, DitWorldBackend, state_spec
 from services.engine_host.host_endpoint import complete
 
 # Matrix-Game-2 per session, as read from its inference code (issue 15): self-attention KV over the
@@ -40,9 +40,7 @@ def run(b: DitWorldBackend, blocks: int, tier: int, seed: int = 5, state=None, i
 
 def test_matrix_game_2_size_is_within_5_percent_of_the_published_figure_without_allocating():
     cfg = DitConfig.matrix_game_2()
-    b = DitWorldBackend.__new__(DitWorldBackend)  # the spec only: no weights, no state
-    b.config, b.kv_dtype = cfg, torch.bfloat16
-    spec = b._build_spec()
+    spec = state_spec(cfg)  # the spec only: no weights, no state
     total = specs.tensor_bytes(spec)
     assert abs(total - PUBLISHED_MG2_BYTES) / PUBLISHED_MG2_BYTES < 0.05
     assert len(spec["layers"]) == 30 and cfg.tokens == 880
@@ -124,7 +122,7 @@ def test_a_rebuilt_decoder_cache_equals_the_live_one_and_the_next_blocks_match(b
     b = DitWorldBackend()
     state, _ = run(b, blocks, 2)
     moved = clone_tree(specs.select(state, b.state_spec()))
-    rebuilt = complete(b, moved, 5, ROAD)
+    rebuilt, _ = complete(b, moved, 5, ROAD)
     assert trees_equal(rebuilt, state)  # vae caches re-derived, cross-attention regenerated
     _, o1 = run(b, 4, 3, state=state)
     _, o2 = run(b, 4, 3, state=rebuilt)

@@ -17,7 +17,7 @@ from libs.errors import Conflict
 from libs.motion import inprocess
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.common import InputItem
-from libs.schemas.engine import OpenSession, OutputChunk, SessionInit
+from libs.schemas.engine import OpenSession, OutputChunk, RawImage, SessionInit
 from libs.schemas.motion import (
     AdmitMove,
     AdmitVerdict,
@@ -29,6 +29,7 @@ from libs.schemas.motion import (
     SlotRequest,
     Verified,
 )
+from services.engine_host import profile
 from services.engine_host.backends import spec as specs
 from services.engine_host.backends.base import advance
 from services.engine_host.backends.dit import DitConfig
@@ -81,7 +82,9 @@ async def hosts(nc):
     made = []
     for h in ("a", "b"):
         out = Frames()
-        rt = EngineRuntime("cpu", host_id=h, publish=out, backend_configs={"dit": msgspec.msgpack.encode(BIG)})
+        # "rebuild": these moves carry the declared `moved` leaves only, whatever a rebuild costs here
+        rt = EngineRuntime("cpu", host_id=h, publish=out, backend_configs={"dit": msgspec.msgpack.encode(BIG)},
+                           rebuild_policy="rebuild")
         rt.frames = out
         await rt.start()
         ep = MotionEndpoint(nc, h, rt)
@@ -141,19 +144,54 @@ async def test_a_precopy_of_a_generating_session_resends_only_what_blocks_wrote(
     assert b.info("s").blocks_done > 3
 
 
+@pytest.mark.parametrize(("wire_bps", "sends"), [(1e18, True), (1.0, False)])
+async def test_a_move_sends_the_rebuildable_cache_when_its_measured_rebuild_costs_more_than_its_bytes(
+        nc, wire_bps, sends):
+    a, b = (EngineRuntime("cpu", host_id=h, move_wire_bps=wire_bps) for h in ("a", "b"))
+    eps = [MotionEndpoint(nc, rt.host_id, rt) for rt in (a, b)]
+    for rt, ep in zip((a, b), eps, strict=True):
+        await rt.start()
+        await ep.start()
+    try:
+        backend = a.backend("dit")
+        spec = backend.state_spec()
+        a.seed_costs(profile.measure(backend, blocks=1, warmup=1))  # the source has timed a rebuild
+        assert a.rebuilds.rebuild_s(backend) > 0 and b.rebuilds.rebuild_s(backend) is None
+        await a.open(OpenSession(session_id="s", backend="dit", seed=SEED, prompt="a lake", tier=1,
+                                 session_class="C3"))
+        await a.advance("s", 5)  # the latent history has wrapped
+        r = await move(nc, "a", "b", "choice")
+        assert any(leaf.path.startswith("vae") for leaf in r.manifest.leaves) == sends
+        assert r.manifest.total_bytes == specs.tensor_bytes(spec, "moved", *(["rebuildable"] if sends else []))
+        assert (b.rebuilds.rebuild_s(backend) is None) == sends  # the destination rebuilt only what was not sent
+        control = backend.init_state(SEED, SessionInit(prompt="a lake"))
+        for _ in range(5):
+            advance(backend, control, [], 1)
+        assert trees_equal(b.sessions.get("s").state, control)
+        await b.advance("s", 2)
+        for _ in range(2):
+            advance(backend, control, [], 1)
+        assert trees_equal(b.sessions.get("s").state, control)
+    finally:
+        for rt, ep in zip((a, b), eps, strict=True):
+            await ep.stop()
+            await rt.stop()
+
+
 async def test_a_checkpoint_keeps_only_moved_leaves_and_a_restore_rebuilds_the_rest(nc, tmp_path):
     store = CheckpointStore(await bus.ensure_object_store(nc.jetstream(), "ckpt_dit"), tmp_path / "ckpt")
     a, b = (EngineRuntime("cpu", host_id=h, checkpoints=store) for h in ("a", "b"))
     for rt in (a, b):
         await rt.start()
     try:
-        await a.open(OpenSession(session_id="s", backend="dit", seed=SEED, prompt="a field", tier=2,
-                                 session_class="C3"))
+        image = RawImage(width=5, height=4, rgb=bytes(range(60)))  # the static leaves' source, with the seed
+        await a.open(OpenSession(session_id="s", backend="dit", seed=SEED, image=image, tier=2, session_class="C3"))
         await a.advance("s", 5)  # the latent history (4 blocks) has wrapped
         ref = await a.checkpoint("s")
         assert ref.total_bytes == specs.tensor_bytes(a.backend("dit").state_spec(), "moved")
         await b.restore("s", ref.key)
-        assert trees_equal(b.sessions.get("s").state, a.sessions.get("s").state)
+        assert trees_equal(b.sessions.get("s").state, a.sessions.get("s").state)  # cross_k/v from the image too
+        assert not trees_equal(b.sessions.get("s").state, a.backend("dit").init_state(SEED, SessionInit()))
         for rt in (a, b):
             await rt.advance("s", 2)
         assert trees_equal(b.sessions.get("s").state, a.sessions.get("s").state)

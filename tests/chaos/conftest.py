@@ -24,10 +24,12 @@ from bench.stack import UpStack
 from libs import bus
 
 RESULTS = Path(__file__).resolve().parents[2] / "var" / "chaos" / "results.json"
+LOGS = RESULTS.parent / "logs"
 
 # Fast heartbeats, checkpoints and orphan grace keep each drill short; one torch thread per host
 # keeps two engine hosts from oversubscribing a small CPU.
-STACK_ENV = {"SF_HEARTBEAT_S": "0.5", "SF_CHECKPOINT_EVERY_S": "1.0", "SF_ORPHAN_GRACE_S": "1.0",
+# The fleet controller is off: a drill measures recovery from its one fault, not rebalancing around it.
+STACK_ENV = {"SF_FLEET_CONTROL": "false", "SF_HEARTBEAT_S": "0.5", "SF_CHECKPOINT_EVERY_S": "1.0", "SF_ORPHAN_GRACE_S": "1.0",
              "SF_TORCH_THREADS": "1", "SF_PROFILE_BLOCKS": "2"}
 ITEM_EVERY_S = 0.1
 
@@ -79,7 +81,7 @@ class Drill:
         deadline = since + timeout_s
         while not all(sum(a.at > since for a in c.live_blocks()) >= blocks and c.ack_times
                       and c.ack_times[-1] > since for c in self.clients):
-            assert time.monotonic() < deadline, "sessions not serving"
+            assert time.monotonic() < deadline, f"sessions not serving: {[c.sid for c in self.clients]}"
             await asyncio.sleep(0.1)
 
     def fault(self, what: str) -> float:
@@ -93,7 +95,8 @@ class Drill:
         while (took := recovery_s(self.clients, fault_at)) == float("inf"):
             if time.monotonic() > deadline:
                 self.recoveries.append(float("inf"))
-                raise AssertionError(f"not recovered within {timeout_s}s of the fault")
+                stuck = [c.sid for c in self.clients if recovery_s([c], fault_at) == float("inf")]
+                raise AssertionError(f"not recovered within {timeout_s}s of the fault: {stuck}")
             await asyncio.sleep(0.2)
         self.recoveries.append(took)
         self.affected |= {c.sid for c in self.clients if stalled(c, fault_at)}
@@ -129,7 +132,10 @@ async def drill(tmp_path, request, chaos_results):
     yield start
     for d in made:
         await d.close()
-        d.stack.stop()
+        out = d.stack.stop()
+        # Each drill's latest stack log is kept for diagnosis (tmp dirs rotate away).
+        LOGS.mkdir(parents=True, exist_ok=True)
+        (LOGS / f"{request.node.name}.log").write_text(out)
 
 
 def record(chaos_results: dict, name: str, d: Drill, audits: list[SessionAudit], **extra) -> dict:

@@ -363,3 +363,29 @@ async def test_random_verb_interleavings_keep_the_runtime_consistent(seed):
     c = rt.pipeline.counters
     assert c.slot_leaks == 0 and c.duplicate == 0 and c.cleanup_failures == 0
     assert all(not a.slots for a in rt.pipeline.actors)
+
+
+async def test_the_heartbeat_load_is_what_admission_budgets_and_the_profile_follows_serving_costs():
+    """Admission budgets a C1 session at its floor row (`contracts.demand`); the host's busy_fraction counts
+    each session the same way, at the costs serving has learned, which the heartbeat's rows carry too.
+    What the session is served at (its best tier here, while there is room) is reported beside it."""
+    from libs.contracts import Contract, demand, floor_row
+    from libs.schemas.common import ProfileRow
+
+    rt = EngineRuntime("cpu", host_id="h1", publish=Outputs())
+    rows = [ProfileRow(backend="world", tier=t, quantum_ms=q, block_ms=2 * q, state_bytes=1, media_s_per_block=0.1)
+            for t, q in ((1, 5.0), (2, 10.0), (4, 20.0))]
+    rt.seed_costs(rows)
+    await rt.start()
+    try:
+        await rt.open(OpenSession(session_id="c", backend="world", seed=1, session_class="C1", period_ms=1000.0,
+                                  quality_floor=2))
+        shape = rt.sched.tasks["c"].shape
+        rt.costs.learn(shape, 2, 1, 0.030)  # serving measured 30 ms for the floor tier; the profile said 10
+        contract = Contract(session_class="C1", quality_floor=2, determinism="T1", period_ms=1000.0)
+        row = floor_row(rt.refreshed_profile(rows), "world", 2)
+        assert row is not None and row.quantum_ms == pytest.approx(0.8 * 10.0 + 0.2 * 30.0)  # the cost EWMA
+        assert rt.busy_fraction() == pytest.approx(demand(contract, row).busy_fraction)
+        assert rt.served_fraction() == pytest.approx(rt.costs.estimate(shape, rt.sched.tasks["c"].tier, 1))
+    finally:
+        await rt.stop()

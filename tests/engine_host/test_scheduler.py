@@ -203,3 +203,69 @@ def test_edf_orders_by_deadline_and_planner_deadlines_are_soft():
     sched.done(d, 0.123)
     assert sched.tasks["plan"].missed == 2 and sched.tasks["plan"].skipped == 0
     assert sched.tasks["c1"].missed == 0
+
+
+def pressured(busy_limit: float, n: int = 4) -> EdfScheduler:
+    """n C1 sessions at 50 ms periods whose best tier (40 ms quanta) would take 0.8 of the device each."""
+    sched = EdfScheduler(cost=cost, guard_s=0.001, up_after=3, busy_limit=busy_limit)
+    for i in range(n):
+        sched.add(Task(sid=f"c1-{i}", cls="C1", shape="c1", ladder=(1, 2, 4), tier=4, period_s=0.05), 0.0)
+    return sched
+
+
+def test_a_host_under_pressure_steps_down_its_ladder_before_any_period_is_missed():
+    sched = pressured(0.9)
+    simulate(sched, 2.0)
+    assert all(t.tier == 1 and t.skipped == 0 and t.missed == 0 for t in sched.tasks.values())
+    assert sum(t.pressure_steps for t in sched.tasks.values()) == 8  # 4→2→1 for each
+    assert sched.load() <= 0.9
+    # without the host-wide step-down each session only steps down once its own quantum would miss:
+    # by then the others' quanta are in the way and periods go by unserved
+    blind = pressured(math.inf)
+    simulate(blind, 2.0)
+    assert sum(t.skipped for t in blind.tasks.values()) > 0
+
+
+def test_a_step_up_waits_while_it_would_push_the_load_past_the_limit():
+    sched = pressured(0.9, n=2)  # 1.6 at tier 4; 0.8 at tier 2
+    loads = []
+    now = 0.0
+    while now < 2.0:
+        d = sched.pick(now)
+        if isinstance(d, Idle):
+            now = d.until
+            continue
+        loads.append(sched.load())
+        now += cost("c1", d.tier, 1)
+        sched.done(d, now)
+    assert max(loads) <= 0.9 and all(t.tier == 2 and t.missed == 0 for t in sched.tasks.values())
+    sched.remove("c1-1")  # room again: the other steps back up after up_after roomy blocks
+    simulate(sched, 3.0)
+    assert sched.tasks["c1-0"].tier == 4 and sched.load() <= 0.9
+
+
+def test_periods_going_by_unserved_lower_the_working_limit_until_the_ladder_has_stepped_down():
+    """Blocks take 1.5× what the cost model says (contention it cannot see): four sessions at 100 ms
+    periods that the model fits at 0.9 of the device need 1.35 of it, and periods go by unserved. The
+    working limit falls and the ladder steps down until they (nearly) stop; a host that trusted its
+    costs alone (cut = 1) keeps skipping a period in every few."""
+    def run(cut: float) -> tuple[EdfScheduler, int]:
+        sched = EdfScheduler(cost=cost, guard_s=0.001, up_after=3, cut=cut)
+        for i in range(4):
+            sched.add(Task(sid=f"c1-{i}", cls="C1", shape="c1", ladder=(1, 2, 4), tier=4, period_s=0.1), 0.0)
+        now, late_skips = 0.0, 0
+        while now < 20.0:
+            before = sum(t.skipped for t in sched.tasks.values())
+            d = sched.pick(now)
+            if isinstance(d, Idle):
+                now = d.until
+            else:
+                now += 1.5 * cost("c1", d.tier, 1)
+                sched.done(d, now)
+            if now > 10.0:
+                late_skips += sum(t.skipped for t in sched.tasks.values()) - before
+        return sched, late_skips
+
+    sched, late = run(0.9)
+    _, blind_late = run(1.0)
+    assert sched.limit < sched.busy_limit and blind_late > 50 and late * 20 < blind_late

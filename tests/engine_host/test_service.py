@@ -62,6 +62,9 @@ async def test_registers_with_measured_profile_and_load(host, nc):
     dit = next(b for b in entry.backends if b.name == "dit")
     assert dit.rebuildable_bytes > 0 and dit.static_bytes > 0 and rows[("dit", 4)].moved_bytes == dit.moved_bytes
     assert 0 < rows[("dit", 4)].dirty_bytes_per_block < dit.moved_bytes
+    # what a move's rebuild-or-send choice and admission's init-input check read
+    assert rows[("dit", 4)].rebuild_ms > 0 and rows[("world", 4)].rebuild_ms == 0
+    assert rows[("dit", 1)].init_kinds == dit.init_kinds == ["image", "prompt"] and rows[("world", 1)].init_kinds == ["prompt"]
     assert all(r.quantum_ms > 0 and r.block_ms >= r.quantum_ms and r.state_bytes > 0 for r in rows.values())
     await bus.request(nc, subject("open"), OpenSession(session_id="p", backend="avatar", seed=1,
                                                        session_class="C1", period_ms=400), SessionInfo)

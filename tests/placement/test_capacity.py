@@ -118,3 +118,21 @@ def test_concurrent_placers_never_over_commit(periods, steps, busy):
 
 def todo_all(periods):
     return [(f"s{i}", c1(period_ms=p)) for i, p in enumerate(periods)]
+
+
+def test_hosts_on_one_device_split_it_in_first_fit_and_most_room():
+    """h0 and h1 share machine m's CPU (0.4 + 0.3 busy, and a 0.1 reservation on h1 its heartbeat does not
+    show yet): a 0.2 session fits neither; h2 on another machine takes it."""
+    import msgspec
+
+    from libs.schemas.placement import Reserved
+
+    def at(h, machine):
+        return msgspec.structs.replace(h, machine=machine, device="cpu")
+
+    hosts = [at(host("h0", busy=0.4), "m"), at(host("h1", busy=0.3), "m"), at(host("h2", busy=0.5), "n")]
+    records = {"h1": HostRecord(host_id="h1", sessions={"x": Reserved(busy_fraction=0.1, state_bytes=0, at=1000.0)})}
+    ests = capacity.in_order(c1(floor=8), "world", hosts, records, GUARD, SETTLE)
+    assert [(e.host_id, e.reason) for e in ests] == [("h0", "busy"), ("h1", "busy"), ("h2", "")]
+    best, _ = capacity.most_room(c1(floor=8), "world", hosts, records, GUARD, SETTLE)
+    assert best is not None and best.host_id == "h2"

@@ -82,3 +82,18 @@ def test_scale_in_never_drops_a_session_nor_releases_a_host_that_owns_one(spec, 
     moved_to = {a.dst for a in kinds(d, Move)}
     assert not released & moved_to
     assert not any(isinstance(a, Release) and states.get(a.host_id) == "up" and on[a.host_id] for a in d.actions)
+
+
+def test_a_short_pre_warmed_pool_asks_for_hosts_even_at_low_utilisation():
+    """One host at 0.2 busy and no empty host: the pool of one is missing, so a host is asked for."""
+    p = msgspec.structs.replace(P, warm_pool_hosts=1)
+    assert kinds(decide(fleet({"h0": [sess("a", "h0")]}), p), ScaleOut) == [ScaleOut(count=1)]
+    assert kinds(decide(fleet({"h0": [sess("a", "h0")], "h1": []}), p), ScaleOut) == []
+
+
+def test_the_pool_covers_the_sessions_arriving_within_one_scale_outs_lead_time():
+    """0.1 sessions/s over a 60 s lead at a mean share of 0.2, filled to 0.5: three more hosts' worth."""
+    p = msgspec.structs.replace(P, warm_pool_hosts=1, provision_lead_s=60.0)
+    hosts = {"h0": [sess("a", "h0"), sess("b", "h0")], "h1": []}
+    assert kinds(decide(fleet(hosts, arrivals_per_s=0.1), p), ScaleOut) == [ScaleOut(count=2)]
+    assert kinds(decide(fleet(hosts, arrivals_per_s=0.0), p), ScaleOut) == []

@@ -87,3 +87,43 @@ def test_no_decision_over_commits_a_host(spec, queued, threshold):
             assert before[hid] + extra <= max(limit, before[hid]), hid
     acted = [getattr(a, "session_id", None) for a in decide(f, p).actions]
     assert len([x for x in acted if x]) == len({x for x in acted if x}), "one action per session"
+
+
+def test_a_resume_leaves_an_old_host_it_would_push_past_the_latency_target():
+    """h0 fits the resume within the guard band (0.8 busy) but its chunks would take 90 ms, past 0.55 of
+    their 110 ms SLO, while h1 is empty: the resume goes to h1. With nothing else open it stays home."""
+    mine = sess("a", "h0", state="suspended", suspended_at=970.0, last_input_at=999.0)
+    others = [sess(f"x{i}", "h0") for i in range(3)]
+    d = react(fleet({"h0": [*others, mine], "h1": []}), PARAMS)
+    assert [(a.session_id, a.host_id) for a in d.actions if isinstance(a, Resume)] == [("a", "h1")]
+    alone = react(fleet({"h0": [*others, mine]}), PARAMS)
+    assert [(a.session_id, a.host_id) for a in alone.actions if isinstance(a, Resume)] == [("a", "h0")]
+
+
+def test_past_the_latency_target_placement_still_uses_the_guard_band_rather_than_queue():
+    busy = [sess(f"x{i}", "h0") for i in range(3)]  # 0.6 busy: a fourth tier-8 session would see 90 ms
+    assert placed(react(fleet({"h0": busy}, queued=(sess("q"),)), PARAMS)) == {"q": "h0"}
+
+
+@given(fleets, st.sampled_from([4, 8, 16]), st.floats(0.3, 1.0))
+def test_placement_stops_looking_only_where_no_host_further_on_could_be_within_the_target(spec, tier, target):
+    """The placer stops scanning (least busy first) once hosts are too busy for the target: the host it
+    picks is the one a scan of every host by the same ranking would pick."""
+    from services.placement.policy.placement import Placer
+    from services.placement.policy.plan import Plan
+
+    on = {f"h{i}": [sess(f"h{i}s{j}", f"h{i}", floor=t) for j, t in enumerate(tiers)] for i, (tiers, _, _) in
+          enumerate(spec)}
+    f = fleet(on, states={f"h{i}": s for i, (_, s, _) in enumerate(spec)},
+              background={f"h{i}": b for i, (_, _, b) in enumerate(spec)})
+    p = msgspec.structs.replace(PARAMS, latency_target_frac=target)
+    q = sess("q", floor=tier)
+    placer = Placer(Plan(f, p))
+    got = placer.choose(q)
+    ranked = []
+    for hl in placer.order:
+        est = placer.plan.fit(q, hl)
+        if est.fits:
+            ranked.append(((0 if placer.plan.within_target(q, hl) else 2) + (0 if placer._escapes(q, hl) else 1), hl))
+    want = min(ranked, key=lambda r: r[0])[1].host_id if ranked else "no_fit"
+    assert (got if isinstance(got, str) else got[0].host_id) == want

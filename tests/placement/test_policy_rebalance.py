@@ -84,3 +84,16 @@ def test_moves_per_session_per_window_stay_bounded_under_oscillating_load():
         for t in times:
             assert sum(1 for u in times if t - p.move_window_s < u <= t) <= p.max_moves_per_window
         assert all(b - a >= p.move_cooldown_s for a, b in zip(times, times[1:], strict=False))
+
+
+def test_no_move_whose_cut_over_chunk_would_become_the_new_worst():
+    """With η = 0, Γ ignores the freeze; a slow path's freeze (85 ms) on top of the receiver's 30 ms would
+    beat the 90 ms bottleneck the move is meant to relieve, so there is no move. A fast path moves."""
+    p = msgspec.structs.replace(P, eta=0.0, move_horizon_s=600.0, max_moves_per_round=1)
+    slow = PathRates(default_bps=admissibility.gbps(1))
+
+    def hot(paths):
+        return fleet({"h0": [sess(f"s{i}", "h0", dirty=0.1e9) for i in range(4)], "h1": []}, paths=paths)
+
+    assert moves_of(decide(hot(slow), p, scaling=False)) == []
+    assert len(moves_of(decide(hot(PathRates(default_bps=admissibility.gbps(100))), p, scaling=False))) == 1

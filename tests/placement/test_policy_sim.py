@@ -90,3 +90,18 @@ def test_the_simulator_is_deterministic_for_a_seed(tmp_path):
     assert a["statefleet"]["sessions"] > 0
     run(tmp_path, "c.json", 8)
     assert (tmp_path / "c.json").read_text() != (tmp_path / "a.json").read_text()
+
+
+@pytest.mark.slow
+def test_the_simulator_gives_the_same_numbers_whatever_the_processs_hash_seed(tmp_path):
+    """Sets yield their members in an order that follows PYTHONHASHSEED; no result may depend on it."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys; from pathlib import Path; from tests.placement.test_policy_sim import run; " \
+           "run(Path(sys.argv[1]), sys.argv[2], 7)"
+    for seed in ("0", "1"):
+        subprocess.run([sys.executable, "-c", code, str(tmp_path), f"h{seed}.json"], check=True, capture_output=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, cwd=Path(__file__).resolve().parents[2])
+    assert (tmp_path / "h0.json").read_text() == (tmp_path / "h1.json").read_text()

@@ -32,6 +32,7 @@ class ToneBackend:
     name: ClassVar[str] = "tone"
     config_type: ClassVar[type] = ToneConfig
     input_kinds = frozenset({"audio"})
+    init_kinds = frozenset({"audio"})  # the voice comes from an init clip
     batchable = False
 
     def __init__(self, config: ToneConfig, device: torch.device | str = "cpu") -> None:

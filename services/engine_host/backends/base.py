@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from libs.errors import ConfigError
+from libs.init_inputs import MAX_INIT_BYTES
 from libs.schemas.common import InputItem
 from libs.schemas.engine import SessionInit
 from services.engine_host.backends import spec as specs
@@ -35,7 +36,7 @@ class Backend(Protocol):
     """Built as `cls(config, device)` from its msgpack `config_type`, once per (name, config) on a
     host and shared by every session of that config. Optional hooks (see the helpers below):
     `rebuild(state)` (required when the spec has `rebuildable` leaves), `forward_passes(tier)`,
-    `block_media_s(block)`."""
+    `block_media_s(block)`; optional attributes `init_kinds` and `max_init_bytes` (see `init_kinds`)."""
 
     name: ClassVar[str]
     config_type: ClassVar[type]
@@ -89,6 +90,19 @@ def check_backend(backend: Backend) -> None:
     if "rebuildable" in roles and not callable(getattr(backend, "rebuild", None)):
         raise ConfigError(f"backend {backend.name} declares rebuildable leaves but has no rebuild(state)",
                           backend=backend.name)
+
+
+def init_kinds(backend: Backend) -> frozenset[str]:
+    """The session init inputs a backend starts from (of `libs.init_inputs.INIT_KINDS`): its
+    `init_kinds` attribute, by default the prompt alone. A session given another kind is refused
+    (admission answers 422), never started with it silently ignored."""
+    return frozenset(getattr(backend, "init_kinds", ("prompt",)))
+
+
+def max_init_bytes(backend: Backend) -> int:
+    """The most image + audio bytes a session of this backend starts from (`max_init_bytes`, at
+    most the bus-wide `MAX_INIT_BYTES`)."""
+    return min(getattr(backend, "max_init_bytes", MAX_INIT_BYTES) or MAX_INIT_BYTES, MAX_INIT_BYTES)
 
 
 def forward_passes(backend: Backend, tier: int) -> int:

@@ -32,9 +32,20 @@ def queued_load(plan: Plan, queued: list[Session]) -> float:
     return total
 
 
+def _lead_hosts(plan: Plan, opens: list[HostLoad]) -> int:
+    """Hosts the sessions arriving within one scale-out's lead time need, at the fleet's mean share:
+    a new host cannot serve before then, so the pool must already hold them."""
+    p, rate = plan.params, plan.fleet.arrivals_per_s
+    n = sum(hl.n for hl in opens)
+    if rate <= 0 or not n:
+        return 0
+    mean_share = sum(hl.busy for hl in opens) / n
+    return math.ceil(rate * p.provision_lead_s * mean_share / p.target_util - 1e-9)
+
+
 def owners(plan: Plan) -> set[str]:
     """Hosts that own a session: it is resident, suspended in their memory, or moving to or from them."""
-    out = {s.host_id for s in plan.sessions.values() if s.state != "queued"}
+    out = set(plan.owned)
     out.update(hl.host_id for hl in plan.loads.values() if hl.receiving or hl.pending)
     return out
 
@@ -51,12 +62,13 @@ def autoscale(plan: Plan, queued: list[Session]) -> list[ScaleOut | Drain | Rele
     load = sum(hl.busy for hl in opens) + queued_load(plan, queued)
     have = len(opens) + fleet.provisioning
     busy_hosts = math.ceil(load / p.target_util - 1e-9)
-    pool = max(p.warm_pool_hosts, math.ceil(p.warm_pool_frac * busy_hosts))
+    pool = max(p.warm_pool_hosts, math.ceil(p.warm_pool_frac * busy_hosts), _lead_hosts(plan, opens))
     want = min(p.max_hosts, max(p.min_hosts, busy_hosts + pool))
     util = load / have if have else math.inf
     owned = owners(plan)
     out: list[ScaleOut | Drain | Release] = []
-    short = util > p.scale_out_above or bool(queued)
+    idle_hosts = sum(1 for hl in opens if not hl.n and not hl.pending) + fleet.provisioning
+    short = util > p.scale_out_above or bool(queued) or idle_hosts < pool
     if short and have < want and fleet.now - fleet.last_scale_out_at >= p.scale_out_cooldown_s:
         out.append(ScaleOut(count=want - have))
     elif (util < p.scale_in_below and have > want and fleet.provisioning == 0 and not queued
@@ -70,4 +82,4 @@ def autoscale(plan: Plan, queued: list[Session]) -> list[ScaleOut | Drain | Rele
 
 def _drain_order(opens: list[HostLoad], owned: set[str]) -> list[HostLoad]:
     """Empty hosts first, then the least busy: the fewest live moves for the capacity given back."""
-    return sorted(opens, key=lambda hl: (hl.host_id in owned, hl.busy, len(hl.terms), hl.host_id))
+    return sorted(opens, key=lambda hl: (hl.host_id in owned, hl.busy, hl.n, hl.host_id))

@@ -28,10 +28,9 @@ def react(fleet: Fleet, params: Params) -> Decision:
     done, refused = resumes(plan, placer)
     actions += done
     refusals += refused
-    for s in fleet.sessions:
-        if s.state == "queued":
-            r = place(placer, s)
-            (actions if isinstance(r, Place) else refusals).append(r)
+    for s in plan.queued:
+        r = place(placer, s)
+        (actions if isinstance(r, Place) else refusals).append(r)
     return Decision(actions=tuple(actions), refusals=tuple(refusals))
 
 
@@ -45,9 +44,8 @@ def decide(fleet: Fleet, params: Params, *, rebalancing: bool = True, scaling: b
         done, refused = resumes(plan, placer)
         actions += done
         refusals += refused
-    queued = [s for s in fleet.sessions if s.state == "queued"]
     still_queued = []
-    for s in queued:
+    for s in plan.queued:
         r = place(placer, s)
         if isinstance(r, Place):
             actions.append(r)

@@ -12,6 +12,7 @@ steady-state busy fraction, from `libs.contracts.demand`, times the session's wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -47,12 +48,34 @@ def chunk_ms(params: Params, t: Term, busy: float, n: int) -> float:
     return t.overhead_ms + t.quantum_ms / max(1.0 - busy, _SLACK_FLOOR)
 
 
-def host_ms(params: Params, terms: Iterable[Term], busy: float) -> float:
-    """The host's worst predicted chunk latency (0 for an empty host)."""
-    ts = list(terms)
-    if params.latency_model == "profile" and all(t.window_ms for t in ts):
-        return max((t.overhead_ms + max(busy * t.window_ms, t.quantum_ms) for t in ts), default=0.0)  # hot path
-    return max((chunk_ms(params, t, busy, len(ts)) for t in ts), default=0.0)
+def host_ms(params: Params, kinds: Iterable[Term], busy: float, n: int) -> float:
+    """The host's worst predicted chunk latency (0 for an empty host).
+
+    `kinds` are the distinct terms of its `n` resident sessions: each formula depends on a session
+    only through its term, so the worst over the kinds is the worst over the sessions.
+    """
+    if params.latency_model == "profile":
+        worst = 0.0
+        for t in kinds:  # the hot path of every decision: a plain loop
+            w = t.window_ms
+            if not w:
+                break
+            device = busy * w
+            v = t.overhead_ms + (device if device > t.quantum_ms else t.quantum_ms)
+            if v > worst:
+                worst = v
+        else:
+            return worst
+    return max((chunk_ms(params, t, busy, n) for t in kinds), default=0.0)
+
+
+def busy_within(params: Params, t: Term) -> float:
+    """The largest host busy fraction at which a chunk of `t` stays within the latency target
+    (`latency_target_frac` of its SLO): -inf if never, inf if the model does not bound it by load."""
+    if params.latency_model != "profile" or not t.window_ms:
+        return math.inf
+    room = params.latency_target_frac * slo_ms(t) - t.overhead_ms
+    return room / t.window_ms if room >= t.quantum_ms else -math.inf
 
 
 def slo_ms(t: Term) -> float:

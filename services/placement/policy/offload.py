@@ -11,10 +11,11 @@ from __future__ import annotations
 from services.placement.policy.actions import Refusal, Resume, Suspend
 from services.placement.policy.placement import Placer, resume
 from services.placement.policy.plan import Plan
+from services.placement.policy.snapshot import Session
 
 
-def wants_resume(plan: Plan) -> list:
-    return [s for s in plan.sessions.values() if s.state == "suspended" and s.last_input_at > s.suspended_at]
+def wants_resume(plan: Plan) -> list[Session]:
+    return [s for s in plan.suspended if s.last_input_at > s.suspended_at]
 
 
 def resumes(plan: Plan, placer: Placer) -> tuple[list[Resume], list[Refusal]]:
@@ -27,15 +28,11 @@ def resumes(plan: Plan, placer: Placer) -> tuple[list[Resume], list[Refusal]]:
 
 
 def suspends(plan: Plan) -> list[Suspend]:
-    p, now = plan.params, plan.fleet.now
-    if p.keep_warm_s <= 0:
-        return []
     out = []
-    idle = [s for s in plan.sessions.values() if s.state == "serving" and now - s.last_input_at >= p.keep_warm_s]
-    for s in sorted(idle, key=lambda x: x.session_id):
+    for s in sorted(plan.idle, key=lambda x: x.session_id):
         if s.session_id not in plan.claimed:
             hl = plan.loads.get(s.host_id)
-            if hl is not None and s.session_id in hl.terms:
+            if hl is not None and s.session_id in plan.open_up(hl):
                 plan.take_away(s, hl)
             plan.claimed.add(s.session_id)
             out.append(Suspend(session_id=s.session_id, host_id=s.host_id))

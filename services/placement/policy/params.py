@@ -18,6 +18,9 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
     # Per-chunk latency model: "profile" (EDF response from the rows) or "colocation" (TurboServe-style).
     latency_model: Literal["profile", "colocation"] = "profile"
     colocation_alpha: NonNeg = 0.12  # colocation: each co-located session adds this fraction of a block
+    # Placement and resumes aim to keep every session's predicted chunk latency within this share of its
+    # SLO (window plus off-device stages); past it a host is used only when no fitting host is within it.
+    latency_target_frac: Annotated[float, msgspec.Meta(gt=0)] = 0.55
     # Rebalancing: move only if Γ = L − L′ − η·κ > gain_threshold_ms.
     eta: NonNeg = 1.0
     gain_threshold_ms: NonNeg = 5.0
@@ -39,6 +42,8 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
     # Empty, pre-warmed hosts kept for bursts and resumes: at least warm_pool_hosts, or this share of the fleet.
     warm_pool_hosts: Annotated[int, msgspec.Meta(ge=0)] = 1
     warm_pool_frac: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    # ... and at least what the sessions arriving within one scale-out's lead time (boot and pre-warm) need.
+    provision_lead_s: NonNeg = 60.0
     drain_by_moves: bool = True  # False: a draining host only waits for its sessions to end
     # Idle offload: suspend a session after this long without input (0 disables offload).
     keep_warm_s: NonNeg = 30.0

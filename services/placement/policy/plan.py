@@ -8,6 +8,8 @@ until the move commits; only latency predictions credit the source at once.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from libs import admissibility
 from libs.contracts import Demand, Estimate, demand, estimate, floor_row
 from libs.schemas.common import ProfileRow
@@ -15,49 +17,138 @@ from services.placement.policy import latency
 from services.placement.policy.params import Params
 from services.placement.policy.snapshot import Fleet, Host, Session
 
+_UNKNOWN = object()
+_NONE: dict = {}  # shared and never written: `HostLoad` replaces it before its first write
+_backend = attrgetter("backend")
+_contract = attrgetter("contract")
+
 
 class HostLoad:
-    __slots__ = ("host", "pending", "terms", "busy", "ms", "receiving", "sending")
+    """One host's load in a decision.
 
-    def __init__(self, host: Host) -> None:
+    Its latency depends on its resident sessions only through their distinct terms (`kinds`,
+    keyed by identity: terms come from the plan's cache) and their number `n`. The per-session
+    map (`terms`, `members`) and how many sessions share each kind (`counts`) are built only for
+    the hosts a step looks inside (`Plan.open_up`).
+    """
+
+    __slots__ = ("host", "host_id", "open", "pending", "residents", "terms", "members", "kinds", "counts", "n",
+                 "busy", "ms", "receiving", "sending", "escape")
+
+    def __init__(self, host: Host, busy: float) -> None:
         self.host = host
-        self.pending: list[Demand] = list(host.reserved)
-        self.terms: dict[str, latency.Term] = {}
-        self.busy = host.entry.busy_fraction + sum(d.busy_fraction for d in host.reserved)
+        self.host_id = host.entry.host_id
+        self.open = host.state == "up"  # takes new sessions: up, not draining
+        self.pending: tuple[Demand, ...] = host.reserved
+        self.residents: list[Session] = []  # serving or moving here in the snapshot
+        # Containers are made when first needed: a decision over 10⁴ hosts allocates little (and
+        # so triggers few garbage-collector passes, which are what its tail latency is made of).
+        self.terms: dict[str, latency.Term] = _NONE  # once opened up: resident sessions' terms by id
+        self.members: dict[str, Session] = _NONE  # the same sessions
+        self.kinds: dict[int, latency.Term] = _NONE
+        self.counts: dict[int, int] | None = None  # sessions per kind, once opened up
+        self.n = 0
+        self.busy = busy
         self.ms = 0.0
         self.receiving = host.moves_in  # moves towards it: in flight, plus this decision's
         self.sending = 0
-
-    @property
-    def host_id(self) -> str:
-        return self.host.host_id
-
-    @property
-    def open(self) -> bool:
-        """Takes new sessions: up, not draining."""
-        return self.host.state == "up"
+        self.escape = -1.0  # Plan.escape_bps, once asked
 
 
 class Plan:
+    """One decision's working state, built in a single pass over the snapshot's sessions.
+
+    That pass also sorts out the sessions every later step asks about (queued, suspended, idle,
+    on a draining host, owning a host), so no step scans the whole fleet again. Per session it
+    does only that sorting; a host's distinct terms come from its residents' distinct contracts,
+    and per-session terms are worked out only for the hosts a step looks inside (the bottleneck,
+    a host losing or gaining a session).
+    """
+
     def __init__(self, fleet: Fleet, params: Params) -> None:
         self.fleet, self.params = fleet, params
-        self.loads = {h.host_id: HostLoad(h) for h in fleet.hosts}
-        self.sessions = {s.session_id: s for s in fleet.sessions}
+        self.loads = loads = {h.host_id: HostLoad(h, h.entry.busy_fraction + sum(d.busy_fraction for d in h.reserved)
+                                                  if h.reserved else h.entry.busy_fraction) for h in fleet.hosts}
         self.claimed: set[str] = set()  # sessions this decision already acts on: one action each
+        self.queued: list[Session] = []
+        self.suspended: list[Session] = []
+        self.idle: list[Session] = []  # serving, with no input for keep_warm_s (empty when offload is off)
+        self.draining: dict[str, list[Session]] = {}  # serving or suspended sessions on each draining host
+        self.owned: set[str] = set()  # hosts a session is resident on, suspended in or moving from
         self._rows: dict[tuple[int, str, int], ProfileRow | None] = {}
         # Keyed by object identity: every object keyed here lives in `fleet` for the plan's lifetime.
-        self._terms: dict[tuple[int, str, int], latency.Term | None] = {}
-        loads = self.loads
-        for s in fleet.sessions:
-            if s.state == "serving" or s.state == "moving":
-                hl = loads.get(s.host_id)
+        self._terms: dict[int, dict[tuple[str, int], latency.Term | None]] = {}
+        draining = {hid for hid, hl in loads.items() if hl.host.state == "draining"}
+        now, keep_warm = fleet.now, params.keep_warm_s
+        get, own, queued, suspended, idle = loads.get, self.owned.add, self.queued, self.suspended, self.idle
+        for s in fleet.sessions:  # the hot loop: every session once, nothing but sorting
+            st = s.state
+            if st == "queued":
+                queued.append(s)
+                continue
+            hid = s.host_id
+            if st == "suspended":
+                suspended.append(s)
+                own(hid)
+            else:
+                hl = get(hid)
                 if hl is not None:
-                    t = self.term(s, hl)
-                    if t is not None:
-                        hl.terms[s.session_id] = t
-        for hl in self.loads.values():
+                    hl.residents.append(s)  # owned: counted per host below
+                else:
+                    own(hid)
+                if st == "serving" and keep_warm > 0 and now - s.last_input_at >= keep_warm:
+                    idle.append(s)
+            if draining and hid in draining and st != "moving":
+                self.draining.setdefault(hid, []).append(s)
+        for hl in loads.values():
+            if hl.residents:
+                own(hl.host_id)
+                self._kinds(hl)
             self.refresh(hl)
         self._zone_nics = _zone_nics(self)
+        # the two zones with the fastest open NICs, fastest first: the best way out of any other zone
+        self._zone_tops = sorted(((z, n[0]) for z, n in self._zone_nics.items()), key=lambda zn: -zn[1])[:2]
+
+    def _kinds(self, hl: HostLoad) -> None:
+        """The host's distinct terms, from its residents' distinct (backend, contract) pairs."""
+        r = hl.residents
+        cache = self._terms.get(id(hl.host.entry.profile))
+        if cache is None:
+            cache = self._terms[id(hl.host.entry.profile)] = {}
+        backends = set(map(_backend, r))
+        if len(backends) == 1:
+            b = next(iter(backends))
+            pairs = [(b, c) for c in set(map(id, map(_contract, r)))]
+        else:
+            pairs = list(set(zip(map(_backend, r), map(id, map(_contract, r)), strict=True)))
+        missing = False
+        kinds = hl.kinds = {}
+        for pair in pairs:
+            t = cache.get(pair, _UNKNOWN)
+            if t is _UNKNOWN:
+                t = self.term(next(s for s in r if (s.backend, id(s.contract)) == pair), hl)
+            if t is None:
+                missing = True
+            else:
+                kinds[id(t)] = t
+        hl.n = len(r) if not missing else sum(1 for s in r if self.term(s, hl) is not None)
+
+    def open_up(self, hl: HostLoad) -> dict[str, latency.Term]:
+        """The host's per-session terms (built on first use, then kept current); `hl.members` alongside."""
+        if hl.counts is None:
+            hl.counts, hl.terms, hl.members = {}, {}, {}
+            if hl.kinds is _NONE:
+                hl.kinds = {}
+            cache = self._terms.get(id(hl.host.entry.profile), _NONE)
+            for s in hl.residents:
+                t = cache.get((s.backend, id(s.contract)), _UNKNOWN)
+                if t is _UNKNOWN:
+                    t = self.term(s, hl)
+                if t is not None:
+                    hl.terms[s.session_id] = t
+                    hl.members[s.session_id] = s
+                    hl.counts[id(t)] = hl.counts.get(id(t), 0) + 1
+        return hl.terms
 
     # ------------------------------------------------------------ capacity (libs.contracts)
 
@@ -69,12 +160,14 @@ class Plan:
         return self._rows[key]
 
     def term(self, s: Session, hl: HostLoad) -> latency.Term | None:
-        key = (id(hl.host.entry.profile), s.backend, id(s.contract))
-        if key not in self._terms:
+        cache = self._terms.get(id(hl.host.entry.profile))
+        if cache is None:
+            cache = self._terms[id(hl.host.entry.profile)] = {}
+        key = (s.backend, id(s.contract))
+        if key not in cache:
             row = self.row(s, hl)
-            self._terms[key] = None if row is None else latency.term(s.contract, row,
-                                                                     demand(s.contract, row).busy_fraction)
-        return self._terms[key]
+            cache[key] = None if row is None else latency.term(s.contract, row, demand(s.contract, row).busy_fraction)
+        return cache[key]
 
     def fit(self, s: Session, hl: HostLoad) -> Estimate:
         return estimate(s.contract, s.backend, hl.host.entry, hl.pending, self.params.guard)
@@ -82,30 +175,51 @@ class Plan:
     # ------------------------------------------------------------ latency predictions
 
     def refresh(self, hl: HostLoad) -> None:
-        hl.ms = latency.host_ms(self.params, hl.terms.values(), hl.busy)
+        hl.ms = latency.host_ms(self.params, hl.kinds.values(), hl.busy, hl.n)
 
     def ms_with(self, hl: HostLoad, t: latency.Term) -> float:
-        return latency.host_ms(self.params, [*hl.terms.values(), t], hl.busy + t.share)
+        kinds = list(hl.kinds.values())
+        if id(t) not in hl.kinds:
+            kinds.append(t)
+        return latency.host_ms(self.params, kinds, hl.busy + t.share, hl.n + 1)
+
+    def within_target(self, s: Session, hl: HostLoad) -> bool:
+        """With `s` added, every session on `hl` stays within `latency_target_frac` of its SLO."""
+        t = self.term(s, hl)
+        if t is None:
+            return False
+        p = self.params
+        busy, n = hl.busy + t.share, hl.n + 1
+        for k in (t, *hl.kinds.values()):
+            if latency.chunk_ms(p, k, busy, n) > p.latency_target_frac * latency.slo_ms(k):
+                return False
+        return True
 
     def ms_without(self, hl: HostLoad, session_id: str) -> float:
-        t = hl.terms[session_id]
-        rest = [v for k, v in hl.terms.items() if k != session_id]
-        return latency.host_ms(self.params, rest, hl.busy - t.share)
+        t = self.open_up(hl)[session_id]
+        assert hl.counts is not None
+        alone = hl.counts[id(t)] == 1
+        kinds = [k for k in hl.kinds.values() if k is not t or not alone]
+        return latency.host_ms(self.params, kinds, hl.busy - t.share, hl.n - 1)
 
     # ------------------------------------------------------------ applying this decision's actions
 
     def add(self, s: Session, hl: HostLoad, est: Estimate) -> None:
         self.claimed.add(s.session_id)
-        hl.pending.append(Demand(busy_fraction=est.busy_fraction, state_bytes=est.state_bytes))
+        hl.pending += (Demand(busy_fraction=est.busy_fraction, state_bytes=est.state_bytes),)
         t = self.term(s, hl)
         if t is not None:
-            hl.terms[s.session_id] = t
+            self.open_up(hl)[s.session_id] = t
+            hl.members[s.session_id] = s
+            _count(hl, t, 1)
             hl.busy += t.share
         self.refresh(hl)
 
     def take_away(self, s: Session, hl: HostLoad) -> None:
-        t = hl.terms.pop(s.session_id, None)
+        t = self.open_up(hl).pop(s.session_id, None)
         if t is not None:
+            del hl.members[s.session_id]
+            _count(hl, t, -1)
             hl.busy -= t.share
         self.refresh(hl)
 
@@ -132,26 +246,48 @@ class Plan:
         return not s.moves or now - max(s.moves) >= p.move_cooldown_s
 
     def escape_bps(self, hl: HostLoad) -> float:
-        """The best rate out of this host to another open host: what a future move off it could use."""
+        """The best rate out of this host to another open host: what a future move off it could use.
+
+        O(1): the fastest open NIC of its own zone (not itself) and of the fastest other zone.
+        """
+        if hl.escape >= 0:
+            return hl.escape
         paths, own = self.fleet.paths, hl.host.nic_bps or self.fleet.paths.default_bps
         best = 0.0
-        for zone, nics in self._zone_nics.items():
-            same = zone == hl.host.zone
-            if same and hl.open and nics[0] == own:
+        zone = hl.host.zone
+        nics = self._zone_nics.get(zone)
+        if nics:
+            if hl.open and nics[0] == own:
                 nics = nics[1:]  # itself
             if nics:
-                best = max(best, min(own, nics[0]) if same else min(own, nics[0], paths.cross_zone_bps))
+                best = min(own, nics[0])
+        other = next((top for z, top in self._zone_tops if z != zone), None)
+        if other is not None:
+            best = max(best, min(own, other, paths.cross_zone_bps))
+        hl.escape = best
         return best
 
     def open_loads(self) -> list[HostLoad]:
         return [hl for hl in self.loads.values() if hl.open]
 
 
+def _count(hl: HostLoad, t: latency.Term, by: int) -> None:
+    assert hl.counts is not None  # opened up
+    c = hl.counts.get(id(t), 0) + by
+    if c:
+        hl.counts[id(t)] = c
+        hl.kinds[id(t)] = t
+    else:
+        del hl.counts[id(t)]
+        del hl.kinds[id(t)]
+    hl.n += by
+
+
 def _zone_nics(plan: Plan) -> dict[str, list[float]]:
-    """Per zone, the NIC rates of its open hosts, fastest first."""
+    """Per zone, the two fastest NIC rates of its open hosts, fastest first."""
     out: dict[str, list[float]] = {}
     for hl in plan.open_loads():
         out.setdefault(hl.host.zone, []).append(hl.host.nic_bps or plan.fleet.paths.default_bps)
-    for nics in out.values():
-        nics.sort(reverse=True)
+    for z, nics in out.items():
+        out[z] = sorted(nics, reverse=True)[:2]
     return out

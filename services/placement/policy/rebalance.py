@@ -69,9 +69,9 @@ def _best_move(plan: Plan, src: HostLoad, order: list[HostLoad], moved: set[str]
     p = plan.params
     bottleneck = src.ms
     best: _Candidate | None = None
-    for sid in sorted(src.terms):
-        s = plan.sessions.get(sid)
-        if s is None or sid in moved or not plan.movable(s):
+    for sid in sorted(plan.open_up(src)):
+        s = src.members[sid]
+        if sid in moved or not plan.movable(s):
             continue
         without = plan.ms_without(src, sid)
         refused = False
@@ -90,7 +90,9 @@ def _best_move(plan: Plan, src: HostLoad, order: list[HostLoad], moved: set[str]
             rate = plan.fleet.paths.rate(src.host, dst.host)
             stall = plan.stall_ms(s, rate, t.window_ms)
             gain = bottleneck - after - p.eta * stall
-            if gain <= p.gain_threshold_ms:
+            # the moved session's chunk at cut-over (its latency on the receiver plus the freeze) must
+            # not become the new worst chunk: min-max would then have made the maximum worse
+            if gain <= p.gain_threshold_ms or plan.ms_with(dst, t) + stall >= bottleneck:
                 continue
             verdict = plan.move_verdict(s, src, dst)
             if not admit(verdict):
@@ -142,12 +144,8 @@ def drain_moves(plan: Plan, *, admit: Gate = admissible, receiver_limit: int = 1
     if not draining or not plan.params.drain_by_moves:
         return moves, refusals
     order = sorted(plan.open_loads(), key=lambda h: (h.busy, h.host_id))
-    on: dict[str, list[Session]] = {}
-    for s in plan.sessions.values():
-        if s.state in ("serving", "suspended"):
-            on.setdefault(s.host_id, []).append(s)
     for src in draining:
-        for s in sorted(on.get(src.host_id, ()), key=lambda x: x.session_id):
+        for s in sorted(plan.draining.get(src.host_id, ()), key=lambda x: x.session_id):
             if s.session_id in plan.claimed:
                 continue
             m = _drain_one(plan, s, src, order, admit, receiver_limit)

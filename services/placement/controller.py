@@ -1,0 +1,370 @@
+"""The fleet controller: one placement instance at a time applies the pure policies' decisions.
+
+Every `control_s` the instance holding the lease (`lease.py`, key "fleet" in
+`sf_placement_lease`) reads each live host's sessions (`sf.engine.<host>.status`), builds the
+policies' snapshot (`fleetview.py`) and runs `policy.decide`: min-max rebalancing gated by the
+admissibility calculator (a round's moves share no receiver; cooldown and bounded moves per
+session per window), autoscaling with hysteresis, idle suspend and resume. It then applies the
+actions; it decides nothing itself, except to refuse one that the fresh state no longer allows:
+
+- Move: reserve the session's demand on the receiver by CAS, then ask the mover for a live move
+  (the mover runs its own admission too); the source's reservation goes once fence shows the
+  receiver owning it, the receiver's if the move did not commit.
+- Suspend / Resume: the engine host's `suspend` / `resume` verbs. A resume on another host (its
+  own is full) resumes in place and live-moves at once; the frontend sees a delay, never an error.
+- ScaleOut: the provisioner starts hosts; they count as coming until their first heartbeat
+  (taken after they measured their profile: they arrive pre-warmed), or `provision_timeout_s`.
+- Drain: scale-in is a drain (`drainer.py`: live moves, hand-over only if a move is refused).
+- Release: the provisioner stops the host only after `releasable` found, on fresh reads, that it
+  owns no session, holds no reservation and has no move, suspend or resume in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from libs import bus, names
+from libs.errors import Rejected, StatefleetError
+from libs.fence.ownership import read_owner
+from libs.schemas.base import encode
+from libs.schemas.engine import HostStatus, SessionInfo, SessionRef, StatusRequest
+from libs.schemas.motion import MoveReceipt, MoveRequest
+from libs.schemas.placement import HostRequest
+from libs.tasks import spawn
+from libs.telemetry import counter, histogram
+from services.placement import fleetview
+from services.placement.lease import KvLease
+from services.placement.policy import Decision, Drain, Move, Release, Resume, ScaleOut, Suspend, decide
+from services.placement.provisioning import Provisioner
+from services.placement.provisioning.local import LocalProvisioner
+
+if TYPE_CHECKING:
+    from services.placement.service import PlacementService
+
+LEASE_KEY = "fleet"
+STATUS_TIMEOUT_S = 2.0
+REDRAIN_AFTER_S = 10.0  # a drain that left sessions behind (no room) is tried again this long after
+
+_actions = counter("sf_placement_fleet_actions_total", "Fleet-controller actions applied, by kind and outcome")
+_round_time = histogram("sf_placement_fleet_round", "One fleet-controller round (snapshot, decide, apply)", unit="s")
+
+
+def provisioner_for(svc: PlacementService) -> Provisioner | None:
+    cfg = svc.config
+    if cfg.provisioner == "local":
+        slots = [h.strip() for h in cfg.provision_hosts.split(",") if h.strip()]
+        return LocalProvisioner(cfg.provision_dir, slots)
+    return None
+
+
+class FleetController:
+    def __init__(self, svc: PlacementService, lease_kv, provisioner: Provisioner | None = None) -> None:
+        self.svc = svc
+        cfg = svc.config
+        self.lease = KvLease(lease_kv, LEASE_KEY, svc.instance, ttl_s=cfg.lease_ttl_s, margin_s=cfg.lease_ttl_s / 3)
+        self.provisioner = provisioner
+        self.activity = fleetview.Activity()
+        self.busy: dict[str, tuple[str, str]] = {}  # session → (from, to): a move, suspend or resume in flight
+        self.draining: set[str] = set()  # hosts a scale-in drain of ours is emptying
+        self.drain_ended: dict[str, float] = {}
+        self.asked: dict[str, float] = {}  # host → when we asked the provisioner for it
+        self.last_scale_out_at = float("-inf")
+        self.last_scale_in_at = float("-inf")
+        self.rounds = 0  # rounds decided while holding the lease
+        self._tasks: set[asyncio.Task] = set()
+        self.log = svc.log.bind(part="fleet")
+
+    async def run(self) -> None:
+        cfg = self.svc.config
+        try:
+            while True:
+                await asyncio.sleep(cfg.control_s)
+                if not cfg.fleet_control:
+                    continue
+                started = time.monotonic()
+                try:
+                    if await self.lease.renew():
+                        await self.round()
+                except StatefleetError as e:  # NATS trouble: the next round tries again
+                    self.log.warning("fleet_round_failed", code=e.code, detail=e.detail)
+                _round_time.record(time.monotonic() - started)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await self.lease.give_up()
+
+    # ------------------------------------------------------------ one round
+
+    async def round(self) -> Decision:
+        svc, cfg = self.svc, self.svc.config
+        entries = svc.live_hosts()
+        statuses = await self._statuses([e.host_id for e in entries])
+        owners = {sid: s.owner_server_id for sid, s in svc.sessions.values.items()
+                  if s.state != "closed" and s.owner_server_id and s.claimed}
+        specs = await self._specs([i.session_id for infos in statuses.values() for i in infos
+                                   if owners.get(i.session_id)])
+        now = time.monotonic()
+        fleet = fleetview.snapshot(fleetview.Inputs(
+            now=now, wall_now=time.time(), entries=entries, records=svc.hosts.values, sessions=statuses,
+            owners=owners, specs=specs, busy=dict(self.busy), path_bps=cfg.path_bps,
+            settle_s=cfg.reservation_settle_s, provisioning=self._provisioning(entries, now),
+            last_scale_out_at=self.last_scale_out_at, last_scale_in_at=self.last_scale_in_at), self.activity)
+        self.activity.forget_except({s.session_id for s in fleet.sessions} | set(self.busy))
+        decision = decide(fleet, cfg.params(svc.guard), rebalancing=cfg.rebalance,
+                          scaling=self.provisioner is not None, offload=cfg.keep_warm_s > 0)
+        self.rounds += 1
+        self._redrain(fleet)
+        for r in decision.refusals:
+            self.log.debug("fleet_refusal", kind=r.kind, session_id=r.session_id, host_id=r.host_id, reason=r.reason)
+        await self._apply(decision, now, _residents(fleet))
+        return decision
+
+    async def _statuses(self, host_ids: list[str]) -> dict[str, list[SessionInfo]]:
+        async def one(h: str) -> tuple[str, list[SessionInfo] | None]:
+            try:
+                st = await bus.request(self.svc.nc, names.engine_subject(h, "status"), StatusRequest(), HostStatus,
+                                       timeout_s=STATUS_TIMEOUT_S)
+                return h, st.sessions
+            except StatefleetError:
+                return h, None  # a host that does not answer is left out of this round
+
+        got = await asyncio.gather(*(one(h) for h in host_ids))
+        return {h: infos for h, infos in got if infos is not None}
+
+    async def _specs(self, sids: list[str]) -> dict:
+        out = {}
+        for sid in sids:
+            try:
+                out[sid] = await self.svc.spec(sid)
+            except StatefleetError:
+                continue  # unknown to fence (closing): not in this round's snapshot
+        return out
+
+    def _provisioning(self, entries, now: float) -> int:
+        """Hosts asked for and not heard from yet (within `provision_timeout_s`)."""
+        if self.provisioner is None:
+            return 0
+        live = {e.host_id for e in entries}
+        for h in self.provisioner.managed():
+            self.asked.setdefault(h, now)  # asked by an earlier lease holder: counted from now
+        for h in [h for h in self.asked if h in live or h not in self.provisioner.managed()]:
+            del self.asked[h]
+        return sum(1 for at in self.asked.values() if now - at < self.svc.config.provision_timeout_s)
+
+    # ------------------------------------------------------------ applying
+
+    async def _apply(self, decision: Decision, now: float, residents: dict[str, int]) -> None:
+        # Rebalancing runs before autoscaling within one decision, so a host a move touches may be the one
+        # scale-in then drains: such moves are dropped (the drainer moves that host's sessions), and so are
+        # resumes onto it.
+        leaving = {a.host_id for a in decision.actions if isinstance(a, Drain)} | self.draining
+        for a in decision.actions:
+            if isinstance(a, Move) and not {a.src, a.dst} & leaving and self._worth_it(a, residents):
+                residents[a.src] -= 1
+                residents[a.dst] = residents.get(a.dst, 0) + 1
+                self._start(a.session_id, a.src, a.dst, self._move(a), "move")
+            elif isinstance(a, Suspend) and a.host_id not in self.draining:  # a suspended session cannot move live
+                self._start(a.session_id, a.host_id, a.host_id, self._suspend(a), "suspend")
+            elif isinstance(a, Resume) and a.host_id not in leaving:
+                src = self._host_of(a.session_id)
+                if src:
+                    self._start(a.session_id, src, a.host_id, self._resume(a, src), "resume")
+            elif isinstance(a, ScaleOut):
+                await self._scale_out(a, now)
+            elif isinstance(a, Drain):
+                await self._drain(a.host_id, now)
+            elif isinstance(a, Release):
+                await self._release(a)
+
+    def _worth_it(self, a: Move, residents: dict[str, int]) -> bool:
+        """A rebalancing move never takes a host's only session: it could only trade places with an empty host.
+
+        (The policy credits the source with its measured load but the receiver with the session's floor-tier
+        share, so emptying a host looks like a large gain: see docs/fleet.md, "Known limits". Consolidating
+        onto fewer hosts is the autoscaler's, by a drain.)"""
+        if a.gain_ms and residents.get(a.src, 0) <= 1:
+            self.log.debug("fleet_move_skipped", session_id=a.session_id, src=a.src, dst=a.dst, why="last_session")
+            return False
+        return True
+
+    def _redrain(self, fleet) -> None:
+        """A host of ours that is draining or drained yet owns a session (one that reached it while its drain
+        ran) is drained again, or it could never be given back."""
+        if self.provisioner is None:
+            return
+        states = {h.host_id: h.state for h in fleet.hosts}
+        for host in sorted({s.host_id for s in fleet.sessions} & self.provisioner.managed()):
+            if states.get(host) in ("draining", "drained") and host not in self.draining \
+                    and time.monotonic() - self.drain_ended.get(host, float("-inf")) > REDRAIN_AFTER_S:
+                self._start_drain(host)
+
+    def _start(self, sid: str, src: str, dst: str, coro, kind: str) -> None:
+        if sid in self.busy:
+            coro.close()
+            return
+        self.busy[sid] = (src, dst)
+
+        async def run() -> None:
+            try:
+                await coro
+            except StatefleetError as e:
+                _actions.add(1, {"kind": kind, "outcome": e.code})
+                self.log.warning("fleet_action_failed", kind=kind, session_id=sid, code=e.code, detail=e.detail)
+            finally:
+                self.busy.pop(sid, None)
+
+        self._spawn(run(), f"{kind}:{sid}")
+
+    def _spawn(self, coro, name: str) -> None:
+        task = spawn(coro, name=f"placement:fleet:{name}", event="fleet_task_crashed")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _host_of(self, sid: str) -> str:
+        s = self.svc.sessions.values.get(sid)
+        return s.owner_server_id if s is not None else ""
+
+    async def _move(self, a: Move) -> bool:
+        """Reserve on the receiver, live-move through the mover, settle the reservations by what fence shows."""
+        svc = self.svc
+        entry = svc.liveness.entry(a.dst)
+        if entry is None:
+            return False
+        try:
+            await svc.reserve(a.session_id, a.dst, a.busy_fraction, a.state_bytes, entry.incarnation)
+        except Rejected as e:  # filled up since the snapshot: the next round decides again
+            _actions.add(1, {"kind": "move", "outcome": "no_room"})
+            self.log.info("fleet_move_no_room", session_id=a.session_id, dst=a.dst, detail=e.detail)
+            return False
+        deadline = svc.config.drain_move_deadline_s
+        why = ""
+        try:
+            receipt = await bus.request(svc.nc, names.MOVER_MOVE, MoveRequest(
+                session_id=a.session_id, source=a.src, dest=a.dst, deadline_s=deadline),
+                MoveReceipt, timeout_s=deadline + 10)
+            why = f"{receipt.outcome}: {receipt.reason}"
+        except StatefleetError as e:
+            why = f"{e.code}: {e.detail}"
+        owner = (await read_owner(svc.js, a.session_id)).view.owner
+        if owner is not None and owner.server_id == a.dst:
+            await svc.release(a.src, [a.session_id])
+            self.activity.moved(a.session_id, time.monotonic(), svc.config.move_window_s)
+            _actions.add(1, {"kind": "move", "outcome": "committed"})
+            self.log.info("fleet_moved", session_id=a.session_id, src=a.src, dst=a.dst, gain_ms=round(a.gain_ms, 2),
+                          t_migrate_s=round(a.t_migrate_s, 4))
+            return True
+        await svc.release(a.dst, [a.session_id])
+        # A refused move still counts against the session's window: a session no move can take is not retried
+        # every round.
+        self.activity.moved(a.session_id, time.monotonic(), svc.config.move_window_s)
+        _actions.add(1, {"kind": "move", "outcome": "not_committed"})
+        self.log.info("fleet_move_not_committed", session_id=a.session_id, src=a.src, dst=a.dst, why=why)
+        return False
+
+    async def _suspend(self, a: Suspend) -> None:
+        await bus.request(self.svc.nc, names.engine_subject(a.host_id, "suspend"),
+                          SessionRef(session_id=a.session_id), SessionInfo)
+        self.activity.suspended(a.session_id, time.monotonic())
+        _actions.add(1, {"kind": "suspend", "outcome": "ok"})
+        self.log.info("fleet_suspended", session_id=a.session_id, host_id=a.host_id)
+
+    async def _resume(self, a: Resume, src: str) -> None:
+        """Back on its own host; on another one (its own is full) by resuming in place and moving at once."""
+        svc = self.svc
+        if a.host_id == src:
+            entry = svc.liveness.entry(src)
+            if entry is None:
+                return
+            await svc.reserve(a.session_id, src, a.busy_fraction, a.state_bytes, entry.incarnation)
+        await bus.request(svc.nc, names.engine_subject(src, "resume"), SessionRef(session_id=a.session_id),
+                          SessionInfo)
+        _actions.add(1, {"kind": "resume", "outcome": "ok"})
+        self.log.info("fleet_resumed", session_id=a.session_id, host_id=src, to=a.host_id)
+        if a.host_id != src:
+            await self._move(Move(session_id=a.session_id, src=src, dst=a.host_id, busy_fraction=a.busy_fraction,
+                                  state_bytes=a.state_bytes, gain_ms=0.0, t_migrate_s=0.0, stall_ms=0.0))
+
+    async def _scale_out(self, a: ScaleOut, now: float) -> None:
+        started = self.provisioner.start(a.count)
+        # Scale-in waits its cooldown after a scale-out too: a host just asked for is not given back before
+        # it could take load (measured load is noisy, and the band alone would let the fleet flap).
+        self.last_scale_out_at = self.last_scale_in_at = now
+        for h in started:
+            self.asked[h] = now
+            # A host id given out again must take sessions: whatever a former drain left on its record goes.
+            await self.svc.records.change(h, lambda r: msgspec.structs.replace(r, state="up", sessions={}))
+        _actions.add(1, {"kind": "scale_out", "outcome": "ok" if started else "exhausted"})
+        self.log.info("fleet_scale_out", asked=a.count, started=started)
+
+    async def _drain(self, host: str, now: float) -> None:
+        if host not in self.provisioner.managed() or host in self.draining:
+            return  # a host we did not start is never given back, so never drained to be
+        self.last_scale_in_at = now
+        _actions.add(1, {"kind": "drain", "outcome": "ok"})
+        self.log.info("fleet_scale_in", host_id=host)
+        self._start_drain(host)
+
+    def _start_drain(self, host: str) -> None:
+        self.draining.add(host)
+
+        async def run() -> None:
+            try:
+                report = await self.svc.drainer.drain(HostRequest(host_id=host))
+                self.log.info("fleet_scale_in_drained", host_id=host, remaining=report.remaining,
+                              outcomes=[(o.session_id, o.outcome) for o in report.outcomes])
+            finally:
+                self.draining.discard(host)
+                self.drain_ended[host] = time.monotonic()
+
+        self._spawn(run(), f"drain:{host}")
+
+    async def _release(self, a: Release) -> None:
+        host = a.host_id
+        if self.provisioner is None or host not in self.provisioner.managed() or host in self.draining:
+            return
+        why = await self.releasable(host)
+        if why:
+            self.log.info("fleet_release_deferred", host_id=host, why=why)
+            return
+        self.provisioner.stop(host)
+        _actions.add(1, {"kind": "release", "outcome": "ok"})
+        self.log.info("fleet_released", host_id=host)
+
+    async def releasable(self, host: str) -> str:
+        """Why `host` may not be stopped yet ("" when it may), from fresh reads rather than the caches.
+
+        The record goes to `drained` by CAS on exactly the revision checked: from then on no placement,
+        failover or drain reserves room there (they take only `up` hosts), so no session can land after."""
+        svc = self.svc
+        if any(host in pair for pair in self.busy.values()):
+            return "a move, suspend or resume involving it is in flight"
+        record, revision = await svc.records.read(host)
+        if record.state == "up":
+            return "it is not draining"
+        if record.sessions:
+            return f"it holds {len(record.sessions)} reservations"
+        entry = svc.liveness.entry(host)
+        if entry is not None and entry.sessions:
+            return f"its heartbeat shows {entry.sessions} sessions"
+        for s in svc.owned(host):
+            owner = (await read_owner(svc.js, s.session_id)).view
+            if not owner.closed and owner.owner is not None and owner.owner.server_id == host:
+                return f"it owns session {s.session_id}"
+        try:
+            await svc.records.kv.update(host, encode(msgspec.structs.replace(record, state="drained")), last=revision)
+        except Exception as e:  # noqa: BLE001 - any failure to fence it means: not now
+            return f"its record changed meanwhile ({type(e).__name__})"
+        return ""
+
+
+def _residents(fleet) -> dict[str, int]:
+    """Sessions on each host's device (serving, or moving away)."""
+    out: dict[str, int] = {}
+    for s in fleet.sessions:
+        if s.state in ("serving", "moving"):
+            out[s.host_id] = out.get(s.host_id, 0) + 1
+    return out

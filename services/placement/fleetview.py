@@ -1,0 +1,127 @@
+"""The placement service's fleet, as the pure policies read it (`policy.Fleet`). Pure: no I/O, clock passed in.
+
+Hosts come from live heartbeats and their `sf_capacity` records (lifecycle state, and the
+reservations their heartbeat cannot show yet); sessions from each host's own session list,
+counted only on the host the `sf_sessions` hint says owns them (a copy left behind by a move
+or a hand-over is not the session). What no message carries, the controller remembers in an
+`Activity`: when each session last took input, when it was suspended, when it last moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from libs.contracts import Contract, floor_row
+from libs.schemas.common import EngineEntry
+from libs.schemas.engine import SessionInfo
+from libs.schemas.placement import HostRecord
+from services.placement import capacity
+from services.placement.policy import Fleet, Host, PathRates, Session
+
+
+@dataclass(slots=True)
+class Seen:
+    cursor: int
+    last_input_at: float
+    suspended_at: float = 0.0
+    moves: list[float] = field(default_factory=list)
+
+
+class Activity:
+    """Per session: the input cursor last seen and when it moved, suspensions and moves (controller clock)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Seen] = {}
+
+    def observe(self, info: SessionInfo, now: float) -> Seen:
+        s = self.seen.get(info.session_id)
+        if s is None:  # first sight counts as activity: a session is never suspended before keep-warm has passed
+            s = self.seen[info.session_id] = Seen(cursor=info.input_cursor, last_input_at=now)
+        elif info.input_cursor != s.cursor:
+            s.cursor, s.last_input_at = info.input_cursor, now
+        if info.state == "suspended" and not s.suspended_at:
+            s.suspended_at = now  # suspended by someone else (an operator): input after now resumes it
+        elif info.state == "running":
+            s.suspended_at = 0.0
+        return s
+
+    def suspended(self, sid: str, now: float) -> None:
+        if sid in self.seen:
+            self.seen[sid].suspended_at = now
+
+    def moved(self, sid: str, now: float, window_s: float) -> None:
+        if sid in self.seen:
+            s = self.seen[sid]
+            s.moves = [t for t in s.moves if now - t < window_s] + [now]
+
+    def forget_except(self, live: set[str]) -> None:
+        for sid in [sid for sid in self.seen if sid not in live]:
+            del self.seen[sid]
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """Everything one snapshot is built from, as the service's caches hold it at one instant."""
+
+    now: float  # the controller's clock (monotonic): activity times are on it
+    wall_now: float  # heartbeats and reservations carry wall-clock times
+    entries: list[EngineEntry]  # live hosts
+    records: Mapping[str, HostRecord]
+    sessions: Mapping[str, list[SessionInfo]]  # host → what it holds
+    owners: Mapping[str, str]  # session → the host the sessions hint says owns it
+    specs: Mapping[str, tuple[Contract, str]]  # session → (contract, backend)
+    busy: Mapping[str, tuple[str, str]]  # session → (from, to) of a move, suspend or resume in flight
+    path_bps: float
+    settle_s: float
+    provisioning: int = 0
+    last_scale_out_at: float = float("-inf")
+    last_scale_in_at: float = float("-inf")
+
+
+def snapshot(x: Inputs, activity: Activity) -> Fleet:
+    moves_in: dict[str, int] = {}
+    for src, dst in x.busy.values():
+        if dst != src:
+            moves_in[dst] = moves_in.get(dst, 0) + 1
+    hosts = tuple(_host(e, x, moves_in.get(e.host_id, 0)) for e in sorted(x.entries, key=lambda e: e.host_id))
+    by_id = {e.host_id: e for e in x.entries}
+    sessions = []
+    for host_id, infos in sorted(x.sessions.items()):
+        entry = by_id.get(host_id)
+        if entry is None:
+            continue
+        for info in infos:
+            if info.state not in ("running", "suspended") or x.owners.get(info.session_id) != host_id:
+                continue
+            seen = activity.observe(info, x.now)
+            spec = x.specs.get(info.session_id)
+            if spec is not None:
+                sessions.append(_session(info, seen, spec, entry, x))
+    return Fleet(now=x.now, hosts=hosts, sessions=tuple(sessions), paths=PathRates(default_bps=x.path_bps),
+                 provisioning=x.provisioning, last_scale_out_at=x.last_scale_out_at,
+                 last_scale_in_at=x.last_scale_in_at)
+
+
+def _host(e: EngineEntry, x: Inputs, moves_in: int) -> Host:
+    record = x.records.get(e.host_id)
+    return Host(entry=e, state=record.state if record else "up", moves_in=moves_in,
+                reserved=tuple(capacity.pending(record, e, x.settle_s)))
+
+
+def _session(info: SessionInfo, seen: Seen, spec: tuple[Contract, str], entry: EngineEntry, x: Inputs) -> Session:
+    contract, backend = spec
+    state = "moving" if info.session_id in x.busy else ("suspended" if info.state == "suspended" else "serving")
+    return Session(session_id=info.session_id, backend=backend, contract=contract, state=state,
+                   host_id=entry.host_id, state_bytes=info.state_bytes,
+                   dirty_rate_bps=dirty_rate_bps(contract, backend, entry), last_input_at=seen.last_input_at,
+                   suspended_at=seen.suspended_at, moves=tuple(seen.moves))
+
+
+def dirty_rate_bps(contract: Contract, backend: str, entry: EngineEntry) -> float:
+    """Bytes a block rewrites (the host's measured profile row) times blocks per second."""
+    row = floor_row(entry.profile, backend, contract.quality_floor)
+    if row is None or not row.dirty_bytes_per_block:
+        return 0.0
+    period_ms = contract.period_ms or row.block_ms
+    return row.dirty_bytes_per_block * 1e3 / period_ms if period_ms else 0.0

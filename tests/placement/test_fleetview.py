@@ -1,0 +1,62 @@
+"""The service's snapshot for the policies (`fleetview`): pure, so tested without a bus."""
+
+from __future__ import annotations
+
+import msgspec
+
+from libs.schemas.engine import SessionInfo
+from libs.schemas.placement import HostRecord, Reserved
+from services.placement import fleetview
+from services.placement.policy import Params, Resume, Suspend, decide
+from tests.admission.fleet import c1, host, rows
+
+PARAMS = Params(keep_warm_s=30.0, warm_pool_hosts=0, warm_pool_frac=0.0)
+
+
+def info(sid: str, state: str = "running", cursor: int = 0) -> SessionInfo:
+    return SessionInfo(session_id=sid, backend="world", state=state, session_class="C1", tier=4, blocks_done=1,
+                       input_cursor=cursor, consumed_seq=cursor, state_bytes=1 << 20)
+
+
+def inputs(now: float, sessions: dict, owners: dict, **kw) -> fleetview.Inputs:
+    profile = [msgspec.structs.replace(r, dirty_bytes_per_block=1000) for r in rows()]
+    entries = [host("h0", profile=profile), host("h1", profile=profile)]
+    specs = {sid: (c1(), "world") for sid in owners}
+    return fleetview.Inputs(now=now, wall_now=1000.0, entries=entries, records=kw.pop("records", {}),
+                            sessions=sessions, owners=owners, specs=specs, busy=kw.pop("busy", {}), path_bps=1e9,
+                            settle_s=6.0, **kw)
+
+
+def test_a_session_counts_only_on_the_host_that_owns_it():
+    x = inputs(0.0, {"h0": [info("a")], "h1": [info("a")]}, {"a": "h1"})  # h0 still holds a moved-away copy
+    fleet = fleetview.snapshot(x, fleetview.Activity())
+    assert [(s.session_id, s.host_id) for s in fleet.sessions] == [("a", "h1")]
+    assert fleet.sessions[0].dirty_rate_bps == 1000 * 1e3 / 100.0  # a block's dirty bytes every period
+
+
+def test_reservations_in_flight_and_lifecycle_reach_the_hosts():
+    record = HostRecord(host_id="h1", state="draining",
+                        sessions={"b": Reserved(busy_fraction=0.2, state_bytes=1, at=999.0)})
+    x = inputs(0.0, {"h0": [info("a")]}, {"a": "h0"}, records={"h1": record}, busy={"a": ("h0", "h1")})
+    fleet = fleetview.snapshot(x, fleetview.Activity())
+    h0, h1 = fleet.hosts
+    assert (h1.state, h1.moves_in, len(h1.reserved)) == ("draining", 1, 1)  # unsettled reservation counts
+    assert (h0.state, h0.moves_in) == ("up", 0)
+    assert fleet.sessions[0].state == "moving"  # one action at a time: the policies leave it alone
+
+
+def test_idle_sessions_suspend_after_keep_warm_and_new_input_resumes_them():
+    seen = fleetview.Activity()
+    owners = {"a": "h0", "b": "h0"}
+    fleetview.snapshot(inputs(0.0, {"h0": [info("a", cursor=3), info("b", cursor=1)]}, owners), seen)
+    # b takes input at 20 s; at 31 s only a has been idle for keep-warm.
+    fleetview.snapshot(inputs(20.0, {"h0": [info("a", cursor=3), info("b", cursor=2)]}, owners), seen)
+    fleet = fleetview.snapshot(inputs(31.0, {"h0": [info("a", cursor=3), info("b", cursor=2)]}, owners), seen)
+    assert [a for a in decide(fleet, PARAMS, scaling=False).actions if isinstance(a, Suspend)] == \
+        [Suspend(session_id="a", host_id="h0")]
+    seen.suspended("a", 31.0)
+    fleet = fleetview.snapshot(inputs(40.0, {"h0": [info("a", "suspended", 3), info("b", cursor=4)]}, owners), seen)
+    assert not [a for a in decide(fleet, PARAMS, scaling=False).actions if isinstance(a, Resume)]
+    fleet = fleetview.snapshot(inputs(41.0, {"h0": [info("a", "suspended", 4), info("b", cursor=5)]}, owners), seen)
+    (resume,) = [a for a in decide(fleet, PARAMS, scaling=False).actions if isinstance(a, Resume)]
+    assert (resume.session_id, resume.host_id) == ("a", "h0")  # its own host has room
