@@ -92,8 +92,8 @@ async def test_only_fence_appends_to_the_ownership_log(nats_server, fence_as_fen
     try:
         js = cli.jetstream()
         # A direct append by admission is refused by the server and lands nothing ...
-        await admission.nc.publish(names.session_log_subject("x"), b"forged")
-        await admission.refused(f'Publish to "{names.session_log_subject("x")}"')
+        await admission.nc.publish(names.session_record_subject("x", "e0"), b"forged")
+        await admission.refused(f'Publish to "{names.session_record_subject("x", "e0")}"')
         info = await js.stream_info(names.SESSION_STREAM)
         assert info.state.messages == 0
         # ... while the same intent through fence's verb is allowed and written by fence.
@@ -190,8 +190,8 @@ async def test_an_engine_claims_only_through_fence(nats_server, fence_as_fence, 
         e0 = await probes("engine.e0")
         forged = LogRecord(event=Claim(server_id="e0", version=assigned.version, cursor=0),
                            view=SessionView(owner=Owner(server_id="e0", version=assigned.version)))
-        await e0.nc.publish(names.session_log_subject("c"), encode(forged))
-        await e0.refused(f'Publish to "{names.session_log_subject("c")}"')
+        await e0.nc.publish(names.session_record_subject("c", "e0"), encode(forged))
+        await e0.refused(f'Publish to "{names.session_record_subject("c", "e0")}"')
         assert (await ownership.read_owner(engine.jetstream(), "c")).view.claim is None
         await client.start()
         lease = await client.claim("c", assigned.version, cursor=0)
