@@ -16,9 +16,8 @@ At the end, input stops and every session's final owner must have folded in ever
 lost_inputs counts accepted items its state never reflected; inputs_applied_twice counts items its
 state reflects more than once (the engine refuses gaps and duplicates, so cursors tell both).
 replay_bit_identical compares every block index published twice (by the dead host and again by its
-replacement after restoring a checkpoint) byte for byte: blocks regenerated after recovery apply the
-replayed inputs at the first block after the checkpoint rather than where the dead host applied them,
-so this is false until per-block consumed-item records land (issue 11, exact recovery).
+replacement, which restores the checkpoint and regenerates the journalled blocks after it with the
+items and tier each recorded) byte for byte; true when none differs (None when none was published twice).
 """
 
 from __future__ import annotations

@@ -65,6 +65,8 @@ class UpStack:
 
     def start(self) -> UpStack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # `ready` waits for `up` to write the URL: one left by an earlier run on this data dir is stale.
+        (self.data_dir / "nats.url").unlink(missing_ok=True)
         args = [sys.executable, "-m", "statefleet", "up", "--data-dir", str(self.data_dir),
                 "--engines", str(self.engines)]
         if self.nats_url:

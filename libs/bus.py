@@ -267,6 +267,16 @@ async def respond_error(nc: NATS, reply_subject: str, e: errors.StatefleetError)
     await nc.publish(reply_subject, encode(error_reply(e)), headers={ERROR_HEADER: e.code})
 
 
+async def next_update(watcher: KeyValue.KeyWatcher, timeout_s: float):
+    """The watcher's next entry (None: the "caught up" marker), or `nats.errors.TimeoutError` after
+    `timeout_s`. Unlike `watcher.updates(timeout)`, a cancellation is never lost (see libs/tasks.py)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await anext(watcher)
+    except TimeoutError:
+        raise nats.errors.TimeoutError from None
+
+
 async def subscribe_events(
     nc: NATS, subject: str, typ: Any, handler: Callable[[Any], Awaitable[None]], *, queue: str = ""
 ) -> Subscription:

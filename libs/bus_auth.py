@@ -7,7 +7,7 @@ keeps the passwords in each service's environment file.
 
 The rules the table keeps:
 - Fence alone publishes to the ownership log (`sf.session.>`) and the input stream; everyone
-  else asks fence (`sf.fence.assign`, ...).
+  else asks fence (`sf.fence.assign`, engines `sf.fence.claim`, ...).
 - Engine host `h` serves only `sf.engine.h.>`, hears only its own assignment notices and
   writes only its own heartbeat key.
 - Each user receives replies under its own inbox prefix (`names.inbox_prefix(user)`) and may
@@ -103,15 +103,13 @@ def permissions(user: str) -> Permissions:
             *_js_admin(_obj(names.CHECKPOINTS_BUCKET)), f"$O.{names.CHECKPOINTS_BUCKET}.>",
             *_js_read(names.SESSION_STREAM), *_js_read(_kv(names.FENCE_META_BUCKET)),
             *_js_read(_kv(names.SESSIONS_BUCKET)),
-            # The claim is still appended by the engine itself (see docs/operations.md, "Security").
-            names.SESSION_LOG_SUBJECTS,
             # The block journal: a claimed owner appends (CAS, sealed by its successor) and purges up
             # to its latest checkpoint; the stream is fence's.
             *_js_read(names.BLOCK_STREAM), f"$JS.API.STREAM.PURGE.{names.BLOCK_STREAM}",
             names.BLOCK_JOURNAL_SUBJECTS,
             f"$KV.{names.FENCE_META_BUCKET}.*.applied", f"$KV.{names.SESSIONS_BUCKET}.*",
             names.output_subject("*"),
-            names.FENCE_META, names.FENCE_CHECKPOINT, names.FENCE_KICK,
+            names.FENCE_META, names.FENCE_CLAIM, names.FENCE_CHECKPOINT, names.FENCE_KICK,
             names.engine_subject("*", ">"),  # the motion verbs it calls on the other side of a move
         ]
         subscribe = [inbox, names.engine_subject(host, ">"), names.assigned_subject(host)]

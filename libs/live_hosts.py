@@ -104,7 +104,7 @@ class LiveHosts:
 
     async def _follow(self, on_change: Callable[[], None], silence_s: float) -> None:
         while True:
-            entry = await self._watcher.updates(timeout=silence_s)
+            entry = await bus.next_update(self._watcher, silence_s)
             if entry is None:
                 continue  # the "caught up" marker
             if entry.operation in ("DEL", "PURGE") or not entry.value:

@@ -45,14 +45,36 @@ CHECKPOINTS_BUCKET = "sf_checkpoints"
 
 # ---------------------------------------------------------------- fence (owner: fence)
 
-# Stream: the per-session ownership log, one subject per session holding `LogRecord`s. Fence
-# provisions it; fence, placement, admission and the mover append (compare-and-set), engines read.
+# Stream: the per-session ownership log of `LogRecord`s. Fence provisions it and is its only writer
+# (the others ask its verbs); engines read. A session's records are one ordered log (`session_log_subject`,
+# a filter), each stored on the subject of the engine host it is addressed to (`session_record_subject`):
+# a release on its recipient's, an assign or close on the owner's it revokes. So one consumer per host
+# (`host_records_subject`) sees every record its leases need, however many sessions it holds.
 SESSION_STREAM = "SF_SESSION"
 SESSION_LOG_SUBJECTS = "sf.session.>"
+_SESSION_PREFIX = "sf.session."
+# The host token of a record addressed to no host (a close of a session never assigned): not a host id.
+NO_HOST = "~"
 
 
 def session_log_subject(session_id: str) -> str:
-    return f"sf.session.{session_id}"
+    """Every record of one session's log: the filter reads and compare-and-set appends use."""
+    return f"{_SESSION_PREFIX}{session_id}.*"
+
+
+def session_record_subject(session_id: str, host_id: str) -> str:
+    """Where one record of a session's log is stored: on the token of the host it is addressed to."""
+    return f"{_SESSION_PREFIX}{session_id}.{host_id}"
+
+
+def host_records_subject(host_id: str) -> str:
+    """Every record of every session's log addressed to one engine host: the host's feed."""
+    return f"{_SESSION_PREFIX}*.{host_id}"
+
+
+def record_session_id(subject: str) -> str:
+    """The session a record's subject belongs to."""
+    return subject.removeprefix(_SESSION_PREFIX).partition(".")[0]
 
 
 # Stream: stored input, one subject per session holding `InputBatch`es (writer: fence's ingress).
@@ -140,6 +162,8 @@ def block_journal_subject(session_id: str) -> str:
 # Request/reply: AssignRequest → AssignReply (queue group "fence"; callers: admission, placement, the mover).
 # Fence is the only writer of the ownership log; everyone else asks it here.
 FENCE_ASSIGN = "sf.fence.assign"
+# Request/reply: ClaimRequest → ClaimReply (queue group "fence"; caller: the assigned engine host).
+FENCE_CLAIM = "sf.fence.claim"
 # Replies to a NATS user's requests arrive under this prefix; only that user may subscribe to it.
 INBOX_ROOT = "_INBOX"
 

@@ -24,7 +24,7 @@ from libs import bus, logs, metrics_http, names, telemetry
 from libs.config import BaseConfig
 from libs.schemas.base import encode
 from libs.schemas.common import Ping, Pong, ServiceEntry
-from libs.tasks import report_death
+from libs.tasks import cancel_and_wait, report_death
 
 VERSION = "0.1.0"
 STOP_STEP_TIMEOUT_S = 20.0
@@ -99,10 +99,7 @@ class Service:
             self.log.error("teardown_timed_out", timeout_s=STOP_STEP_TIMEOUT_S)
         if self._metrics is not None:
             await self._metrics.cleanup()
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=STOP_STEP_TIMEOUT_S)
+        await cancel_and_wait(self._tasks, timeout_s=STOP_STEP_TIMEOUT_S)
         try:
             await self._services_kv.delete(self._entry_key)
         except Exception as e:  # the entry expires by TTL anyway

@@ -10,13 +10,16 @@ An engine host builds one `EngineClient(nc, js, server_id)`. For each session:
         apply(item); await lease.report_applied(item.seq)
     # the loop ends once a newer assign (or a close) revokes the lease: stop taking input
 
-The lease reads the session log from its claim onward and yields the items of
-releases addressed to exactly its `(server_id, version)`; anything else in the
-log is skipped, and an assign to anyone else ends it (`lease.revoked` is set).
+Claims go through fence (`sf.fence.claim`), the log's only writer. The host reads
+the log through one consumer for all its sessions (`HostFeed`: every record addressed
+to this host, which after a claim is every record up to the one that revokes it). A
+lease takes its session's records from its claim onward and yields the items of
+releases addressed to exactly its `(server_id, version)`; anything else is skipped,
+and an assign to anyone else (or a close) ends it (`lease.revoked` is set).
 
 A host that placement may have declared dead (its heartbeats stopped reaching the
 bus for long enough: a stopped process, a partition) may already have been
-replaced, while releases addressed to it still sit in its consumer. So once the
+replaced, while releases addressed to it still sit in its feed. So once the
 host's heartbeats have had such a gap, every lease confirms its claim on the log
 before it yields its next item, and ends if the claim is gone.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -33,18 +37,20 @@ import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext, api
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from libs import bus, errors, names
 from libs.fence import core, session_log
-from libs.fence.ownership import update_summary
-from libs.schemas.base import decode, encode
+from libs.fence.host_feed import HostFeed
+from libs.schemas.base import encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import (
     AppliedCursor,
     AssignNotice,
     CheckpointRequest,
+    ClaimReply,
+    ClaimRequest,
     Kick,
     KickReply,
     LogRecord,
@@ -60,8 +66,6 @@ _notices_failed = counter("sf_engine_assignment_notices_failed_total",
                           "Assignment notices dropped (malformed) or retried (log unreadable)")
 KICK_ATTEMPTS = 20
 NOTICE_RETRY_S = 0.5
-# The lease's ordered consumer notices a lost consumer (e.g. a NATS restart) after missed heartbeats.
-LEASE_HEARTBEAT_S = 1.0
 CONFIRM_RETRY_S = 0.2
 # How long a claim keeps retrying through a bus outage or a JetStream leader election: the
 # assignment stays ours meanwhile, and giving up would leave the session claimed by nobody.
@@ -80,6 +84,9 @@ class EngineClient:
         self._notices: asyncio.Queue[AssignNotice] = asyncio.Queue()
         self._sub: Subscription | None = None
         self._leases: dict[str, Lease] = {}
+        self._feed: HostFeed | None = None
+        self._feed_lock = asyncio.Lock()
+        self._claiming: dict[str, dict[str, list[tuple[int, LogRecord]]]] = {}  # sid -> claim_id -> held records
         self._meta_kv: KeyValue | None = None
         self._last_beat: float | None = None  # monotonic time the host's last heartbeat landed
         self._epoch = 0  # bumped by every heartbeat gap long enough to have been declared dead
@@ -108,6 +115,8 @@ class EngineClient:
                 await self._sub.unsubscribe()
         for lease in list(self._leases.values()):
             await lease.stop()
+        if self._feed is not None:
+            await self._feed.stop()
 
     async def _on_notice(self, notice: AssignNotice) -> None:
         await self._notices.put(notice)
@@ -148,39 +157,58 @@ class EngineClient:
                                  SessionMeta)
 
     async def claim(self, session_id: str, version: int, cursor: int) -> Lease:
-        """Claim `(self, version)` with installed state reflecting item `cursor`; start the lease.
+        """Ask fence to claim `(self, version)` with installed state reflecting item `cursor`; start the lease.
 
-        Raises `Conflict` if the assignment is stale, not ours, or already claimed.
+        Raises `Conflict` if the assignment is stale, not ours, or already claimed. An unanswered request
+        (fence restarting, a JetStream leader election) is asked again, with the same `claim_id`, until
+        `CLAIM_RETRY_S`: fence answers a repeat whose claim landed with that claim, so asking twice never
+        claims twice.
         """
         session_log.check_session_id(session_id)
         me = Owner(server_id=self.server_id, version=version)
         deadline = time.monotonic() + CLAIM_RETRY_S
-        for _ in range(bus.MAX_CAS_ATTEMPTS):
-            tail = await _retrying(lambda: session_log.read_tail(self.js, session_id), deadline, session_id)
-            event = core.decide_claim(tail.view, self.server_id, version, cursor, incarnation=self.incarnation)
-            try:
-                new = await session_log.append(self.js, session_id, tail, event)
-                break
-            except errors.Conflict:
-                continue  # something landed meanwhile: decide again on the new tail
-            except errors.Unavailable:
-                # The append's answer was lost. If it landed, it is the record right after `tail`
-                # (that is what the CAS allows), so the lease may read from there.
-                new = await _retrying(lambda: session_log.read_tail(self.js, session_id), deadline, session_id)
-                if new.view.owner == me and new.view.claim == me:
-                    new = session_log.Tail(new.view, tail.seq)
-                    break
-        else:
-            raise errors.Conflict("claim kept losing the race", session_id=session_id)
-        lease = Lease(self, session_id, me, cursor, new.seq)
-        old = self._leases.pop(session_id, None)
-        if old is not None:
-            await old.stop()
+        request = ClaimRequest(session_id=session_id, server_id=self.server_id, version=version, cursor=cursor,
+                               incarnation=self.incarnation, claim_id=secrets.token_hex(8))
+        await self._start_feed(deadline)
+        # Records of this session the feed delivers while the claim is asked (fence's gateway may release
+        # right after the claim lands, before its answer): held for the lease the answer creates.
+        held: list[tuple[int, LogRecord]] = []
+        self._claiming.setdefault(session_id, {})[request.claim_id] = held
+        try:
+            reply = await _retrying(lambda: bus.request(self.nc, names.FENCE_CLAIM, request, ClaimReply),
+                                    deadline, session_id)
+            old = self._leases.pop(session_id, None)
+            if old is not None:
+                await old.stop()
+        finally:
+            claims = self._claiming[session_id]
+            del claims[request.claim_id]
+            if not claims:
+                del self._claiming[session_id]
+        # No await from here until the lease is registered: the feed would deliver to nobody.
+        lease = Lease(self, session_id, me, cursor, reply.log_seq)
         self._leases[session_id] = lease
-        await lease.start(deadline)
-        await update_summary(self.js, session_id, new.view)
+        for position, record in held:
+            lease.on_record(position, record)
+        lease.start()
         _log.info("claimed", session_id=session_id, server_id=self.server_id, version=version, cursor=cursor)
         return lease
+
+    async def _start_feed(self, deadline: float) -> None:
+        """The host's one consumer for all its leases, started before its first claim (so it reads from
+        before that claim's position) and retried through an outage until `deadline`."""
+        async with self._feed_lock:
+            if self._feed is None:
+                feed = HostFeed(self.js, self.server_id, self._on_record)
+                await _retrying(feed.start, deadline, "")
+                self._feed = feed
+
+    def _on_record(self, session_id: str, position: int, record: LogRecord) -> None:
+        for held in self._claiming.get(session_id, {}).values():
+            held.append((position, record))
+        lease = self._leases.get(session_id)
+        if lease is not None:
+            lease.on_record(position, record)
 
     async def checkpoint(self, session_id: str, version: int, ref: str, cursor: int, block: int = 0) -> SessionMeta:
         """Record a new checkpoint of the session at `block`, reflecting item `cursor` (only the claimed
@@ -207,39 +235,26 @@ class Lease:
         self.owner = owner
         self.cursor = cursor  # the item seq the installed state reflects; input resumes after it
         self.applied = cursor
-        self.read_after = read_after  # a log position at or just before the claim: the lease reads after it
+        # A log position at or before the claim (0: unknown): the lease reads after it.
+        self.read_after = read_after
         self.revoked = asyncio.Event()
         self._epoch = client.trusted_epoch()  # the liveness epoch the claim was last confirmed in
         self._items: asyncio.Queue[InputItem | None] = asyncio.Queue()
         self._next = cursor + 1
-        self._seen = read_after  # the last log position read: a restarted consumer may deliver it again
-        self._sub: Subscription | None = None
+        self._seen = read_after  # the last log position read: a restarted feed may deliver it again
         self._kicker: asyncio.Task | None = None
-        self._stopper: asyncio.Task | None = None
 
-    async def start(self, deadline: float) -> None:
-        """Start reading the log after the claim, retrying consumer creation until `deadline`."""
-        async def subscribe() -> Subscription:
-            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                                        opt_start_seq=self.read_after + 1)
-            try:
-                return await self.client.js.subscribe(
-                    names.session_log_subject(self.session_id), cb=self._on_record, ordered_consumer=True,
-                    config=config, stream=names.SESSION_STREAM, idle_heartbeat=LEASE_HEARTBEAT_S)
-            except (nats.errors.Error, TimeoutError) as e:
-                raise errors.Unavailable(f"session log consumer not created: {type(e).__name__}",
-                                         session_id=self.session_id) from None
-        self._sub = await _retrying(subscribe, deadline, self.session_id)
+    def start(self) -> None:
+        """Ask a gateway to release what waited for the claim (the host's feed brings the records)."""
         self._kicker = asyncio.create_task(self._kick())
 
     async def stop(self) -> None:
-        """Stop reading the log (the consumer goes away); the iterator ends after what it holds."""
+        """Take no more records; the iterator ends after what it holds."""
+        self._detach()
+
+    def _detach(self) -> None:
         if self._kicker is not None:
             self._kicker.cancel()
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                await sub.unsubscribe()
         if self.client._leases.get(self.session_id) is self:
             del self.client._leases[self.session_id]
         self._end()
@@ -261,17 +276,18 @@ class Lease:
                 await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
         _log.warning("kick_unanswered", session_id=self.session_id)
 
-    async def _on_record(self, msg) -> None:
+    def on_record(self, position: int, record: LogRecord) -> None:
+        """A record of this session's log addressed to our host, at log `position` (in log order)."""
         if self.revoked.is_set():
             return
-        # An ordered consumer that restarts before its first delivery (missed heartbeats in a leader
-        # election) starts again from the stream's first record: never read history twice or before
-        # the claim, where older owners would look like a revocation.
-        position = msg.metadata.sequence.stream
+        # A feed that restarts delivers again from after the last record it delivered, or from further
+        # back: never read history twice or before the claim, where older owners would look like a
+        # revocation.
         if position <= self._seen:
             return
         self._seen = position
-        record = decode(msg.data, LogRecord)
+        if core.before(self.owner, record.view):
+            return  # a record from before our assign (read from an unknown claim position): history
         event = record.event
         if isinstance(event, Release) and core.accepts(self.owner, event):
             for item in event.items:
@@ -284,9 +300,7 @@ class Lease:
                 self._next += 1
                 self._items.put_nowait(item)
         if core.revoked(self.owner, record.view):
-            self._end()
-            # Nothing more can be addressed to this incarnation: drop its consumer.
-            self._stopper = asyncio.get_running_loop().create_task(self.stop())
+            self._detach()  # nothing more can be addressed to this incarnation
 
     def __aiter__(self) -> AsyncIterator[InputItem]:
         return self._iterate()

@@ -46,6 +46,20 @@ def revoked(me: Owner, view: SessionView, protocol: Protocol = "full") -> bool:
     return view.closed or not same(me, view.owner, protocol)
 
 
+def before(me: Owner, view: SessionView) -> bool:
+    """Whether a record with `view` precedes the assign of `me` (versions only rise in a log), so it
+    is history to `me`'s lease: neither its input nor a revocation of it."""
+    return not view.closed and (view.owner is None or view.owner.version < me.version)
+
+
+def claimed_by(view: SessionView, claim: Claim) -> bool:
+    """Whether the claim standing at `view` was made by this very request (`claim_id`), so asking again
+    after a lost answer is answered by the claim already made."""
+    me = Owner(server_id=claim.server_id, version=claim.version)
+    return (not view.closed and bool(claim.claim_id) and view.claim_id == claim.claim_id
+            and view.owner == me and view.claim == me and view.incarnation == claim.incarnation)
+
+
 def accepts(me: Owner, release: Release, protocol: Protocol = "full") -> bool:
     """Whether an engine incarnation `me` applies a release record it reads in the log."""
     return same(me, Owner(server_id=release.server_id, version=release.version), protocol)
@@ -66,7 +80,7 @@ def decide_assign(view: SessionView, server_id: str, version: int, incarnation: 
 
 
 def decide_claim(view: SessionView, server_id: str, version: int, cursor: int,
-                 protocol: Protocol = "full", incarnation: str = "") -> Claim:
+                 protocol: Protocol = "full", incarnation: str = "", claim_id: str = "") -> Claim:
     """A claim is valid only from the latest assign's server (and version, under "full"), once, and
     only from the process the assign named, if it named one (a restarted host never inherits)."""
     _open(view)
@@ -84,7 +98,7 @@ def decide_claim(view: SessionView, server_id: str, version: int, cursor: int,
     if view.incarnation and view.incarnation != incarnation:
         raise Conflict(f"the assignment names incarnation {view.incarnation}, not {incarnation or '(none)'}",
                        server_id=server_id, version=version)
-    return Claim(server_id=server_id, version=version, cursor=cursor, incarnation=incarnation)
+    return Claim(server_id=server_id, version=version, cursor=cursor, incarnation=incarnation, claim_id=claim_id)
 
 
 def decide_release(view: SessionView, to: Owner | None, items: list[InputItem], input_pos: int = 0,
@@ -111,6 +125,18 @@ def decide_close(view: SessionView, reason: str = "") -> Close:
     return Close(reason=reason)
 
 
+def addressee(view: SessionView, event: Event) -> str | None:
+    """The engine host whose feed must see `event` appended at `view`: a release's recipient, a claim's
+    claimant, and for an assign or a close the owner it takes the session from (the new assignee on a
+    first assign; None for closing a session never assigned). Hence after a claim every record up to
+    and including the one that revokes it is addressed to the claimant."""
+    if isinstance(event, (Release, Claim)):
+        return event.server_id
+    if view.owner is not None:
+        return view.owner.server_id
+    return event.server_id if isinstance(event, Assign) else None
+
+
 # ---------------------------------------------------------------- the fold
 
 
@@ -123,12 +149,13 @@ def apply(view: SessionView, event: Event) -> SessionView:
         # The new owner's state reflects `cursor`: releases restart right after it.
         pos = view.input_pos if event.cursor == view.released else 0
         return SessionView(owner=view.owner, claim=Owner(server_id=event.server_id, version=event.version),
-                           released=event.cursor, input_pos=pos, incarnation=event.incarnation)
+                           released=event.cursor, input_pos=pos, incarnation=event.incarnation,
+                           claim_id=event.claim_id)
     if isinstance(event, Release):
         return SessionView(owner=view.owner, claim=view.claim, released=event.items[-1].seq,
-                           input_pos=event.input_pos, incarnation=view.incarnation)
+                           input_pos=event.input_pos, incarnation=view.incarnation, claim_id=view.claim_id)
     return SessionView(owner=view.owner, claim=view.claim, released=view.released,
-                       input_pos=view.input_pos, closed=True, incarnation=view.incarnation)
+                       input_pos=view.input_pos, closed=True, incarnation=view.incarnation, claim_id=view.claim_id)
 
 
 def _open(view: SessionView) -> None:

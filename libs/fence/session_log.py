@@ -1,11 +1,14 @@
 """The per-session ownership log on JetStream: read the tail, append with compare-and-set.
 
-One stream (`names.SESSION_STREAM`) holds one subject per session
-(`names.session_log_subject`). An append carries `Nats-Expected-Last-Subject-Sequence`
-= the log position the caller decided on; the server refuses it (JetStream error
-10071) if anything landed since. That refusal is the only thing that decides a
-race, and `append` turns it into `Conflict`. Reads are hints: a stale read just
-loses its append.
+One stream (`names.SESSION_STREAM`) holds every session's log. A session's log is the
+records matching `names.session_log_subject(sid)`; each record is stored on the subject
+of the engine host it is addressed to (`core.addressee`), so an engine host reads one
+subject filter for all its sessions. An append carries `Nats-Expected-Last-Subject-Sequence`
+= the log position the caller decided on, checked against the session's whole log
+(`Nats-Expected-Last-Subject-Sequence-Subject` = its filter, nats-server >= 2.11); the
+server refuses it (JetStream error 10071) if anything of the session landed since. That
+refusal is the only thing that decides a race, and `append` turns it into `Conflict`.
+Reads are hints: a stale read just loses its append.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from libs.schemas.base import decode, encode
 from libs.schemas.fence import Event, LogRecord, SessionView
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 _SID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
@@ -35,6 +39,13 @@ def check_session_id(session_id: str) -> str:
     if not isinstance(session_id, str) or not _SID.fullmatch(session_id):
         raise errors.BadRequest("session_id must be 1-128 of [A-Za-z0-9_-]", session_id=str(session_id)[:140])
     return session_id
+
+
+def check_server_id(server_id: str) -> str:
+    """Server ids become subject tokens of the log (`names.session_record_subject`): the same rule."""
+    if not isinstance(server_id, str) or not _SID.fullmatch(server_id):
+        raise errors.BadRequest("server_id must be 1-128 of [A-Za-z0-9_-]", server_id=str(server_id)[:140])
+    return server_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +96,12 @@ async def append(js: JetStreamContext, session_id: str, tail: Tail, event: Event
     """Append `event` if the log is still at `tail`; raise `Conflict` if it moved. Returns the new tail."""
     view = core.apply(tail.view, event)
     record = LogRecord(event=event, view=view, at=time.time())
+    host = core.addressee(tail.view, event)
+    subject = names.session_record_subject(session_id, names.NO_HOST if host is None else check_server_id(host))
     try:
-        ack = await js.publish(names.session_log_subject(session_id), encode(record),
-                               headers={EXPECTED_LAST_SUBJECT_SEQ: str(tail.seq)})
+        ack = await js.publish(subject, encode(record), headers={
+            EXPECTED_LAST_SUBJECT_SEQ: str(tail.seq),
+            EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: names.session_log_subject(session_id)})
     except nats.js.errors.APIError as e:
         if e.err_code == bus.JS_WRONG_LAST_SEQUENCE:
             raise errors.Conflict("the session log moved", session_id=session_id, expected=tail.seq) from None

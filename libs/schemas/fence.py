@@ -30,6 +30,7 @@ class SessionView(Msg, frozen=True):
     # The engine-host process (incarnation) the owner is: the claimant's once claimed, else the one the
     # assign named ("" = unnamed). A restarted host process is a new incarnation and never inherits.
     incarnation: str = ""
+    claim_id: str = ""  # the request that made `claim` (a repeat of it is answered, not refused)
 
 
 # ---------------------------------------------------------------- log events
@@ -46,6 +47,7 @@ class Claim(Msg, frozen=True, tag="claim"):
     version: int
     cursor: int  # the item seq the claimant's installed state reflects
     incarnation: str = ""  # the claiming engine-host process
+    claim_id: str = ""  # the claim request's id (its repeats carry the same one)
 
 
 class Release(Msg, frozen=True, tag="release"):
@@ -172,6 +174,29 @@ class AssignReply(Msg):
     session_id: str
     server_id: str
     version: int
+    log_seq: int
+
+
+class ClaimRequest(Msg):
+    """`sf.fence.claim`: the assigned engine-host process `incarnation` of `server_id` claims `version`,
+    its installed state reflecting item `cursor`. Asking again after an unanswered request (same
+    `claim_id`) is safe: a claim that already landed for it is answered again, never appended twice;
+    any other claim of an already claimed assignment is refused."""
+
+    session_id: str
+    server_id: str
+    version: int
+    cursor: int
+    incarnation: str = ""
+    claim_id: str = ""  # unique per claim the engine makes; "" = never recognised as a repeat
+
+
+class ClaimReply(Msg):
+    session_id: str
+    server_id: str
+    version: int
+    # Where the claim landed in the session's log; 0 when this answers a repeated request whose claim
+    # had landed already (the lease then tells history from its own records by version alone).
     log_seq: int
 
 

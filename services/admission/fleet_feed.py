@@ -25,7 +25,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from libs import names
+from libs import bus, names
 from libs.telemetry import meter
 
 KEPT_EVENTS = 60
@@ -98,7 +98,7 @@ class FleetFeed:
                 kv = await self.js.key_value(bucket)
                 watcher = await kv.watchall()
                 while True:
-                    entry = await watcher.updates(timeout=30.0)
+                    entry = await bus.next_update(watcher, 30.0)
                     if entry is None:
                         continue  # caught up with what the bucket held
                     deleted = entry.operation in ("DEL", "PURGE") or not entry.value

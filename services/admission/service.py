@@ -66,6 +66,7 @@ from libs.schemas.placement import (
     PlaceRequest,
 )
 from libs.service import Service
+from libs.tasks import wait_set
 from libs.telemetry import counter, histogram, traced
 from libs.ws_limits import SocketGate, SocketLimits
 from services.admission import http, media_rate
@@ -284,10 +285,7 @@ class AdmissionService(Service):
         while True:
             deadline = self.core.next_deadline()
             wait_s = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.time()))
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait_s)
-            except TimeoutError:
-                pass
+            await wait_set(self._wake, wait_s)
             self._wake.clear()
             try:
                 await self._drain()

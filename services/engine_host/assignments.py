@@ -11,7 +11,9 @@ For every assignment to this host that the log still shows as the latest:
   4. regenerate those blocks exactly (each with the items and tier it recorded, output marked
      replayed), then ungate the session and apply the lease's items in order until the lease is
      revoked (a newer assign, a close, or the journal saying a newer owner sealed it).
-From then on every block's consumed items are journaled before its output is published.
+From then on every block's consumed items are journaled before its output is published. A copy a
+move installs here arrives gated (`gate_moved_in`) and runs no block before step 3 either: until
+its claim it has no journal, and a block published unjournaled could not be regenerated exactly.
 A revoked host never takes another item. If the session was closed, it shuts it down in
 order; if it was assigned elsewhere, it stops taking input and leaves the copy to the mover
 (which drops it after the move commits) or, when nothing moves it, closes it after a grace.
@@ -141,9 +143,11 @@ class Assignments:
             log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
             if not held:
                 await self._close(sid, drain=False)  # we made this copy for nothing
-            else:
+            elif sid not in self.host.moved_in():
                 with contextlib.suppress(NotFound):
                     self.host.ungate(sid)
+            else:  # a moved-in copy not ours: gated (no block without a journal), closed after the grace
+                await self._after_revocation(sid)
             return
         background = [asyncio.create_task(self._checkpoint_loop(lease, meta.checkpoint_ref, journal)),
                       asyncio.create_task(self._stop_when_fenced(lease, journal))]

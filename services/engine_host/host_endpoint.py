@@ -99,6 +99,7 @@ class HostEndpoint:
                 raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=session_id)
             s = await self.lifecycle.admit(spec, backend, tree, gated=gated)
             s.origin = "moved"
+            s.install_gated = gated
             s.take_progress(d, pending)  # no await since admit: no block can have run yet
             return s
         if s.status != "running" or s.shape != shape_of(backend):

@@ -71,12 +71,16 @@ class EngineRuntime:
                  max_batch: int = 8,
                  max_in_flight: int = 2, guard_s: float = 0.002, max_sessions: int = 64,
                  edge_capacity: int = 2, clock: Callable[[], float] = time.monotonic,
-                 rebuild_policy: RebuildPolicy = "auto", move_wire_bps: float = 1.25e9) -> None:
+                 rebuild_policy: RebuildPolicy = "auto", move_wire_bps: float = 1.25e9,
+                 gate_moved_in: bool = False) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:  # tensors report an indexed device
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.host_id = host_id
         self.clock = clock
+        # A fenced host journals every block before its output goes out, and only a claimed owner has a
+        # journal: a session a move installs runs no block until fence assigns it here and it is claimed.
+        self.gate_moved_in = gate_moved_in
         self.checkpoints = checkpoints
         self.work = torch_threads.executor("engine-work", workers=2)  # init, offload, snapshots, profile
         self.sessions = SessionTable(host_id)
@@ -208,8 +212,13 @@ class EngineRuntime:
     # ------------------------------------------------------------ exact recovery (a fenced session)
 
     def gate(self, sid: str) -> None:
-        """Schedule no new block of the session until `ungate` (the one in flight finishes)."""
-        self.boundaries.gate(self.sessions.get(sid))
+        """Schedule no new block of the session until `ungate` (the one in flight finishes). A moved-in
+        session still gated since its install is handed over as it is (that hold becomes this one)."""
+        s = self.sessions.get(sid)
+        if s.install_gated:
+            s.install_gated = False
+            return
+        self.boundaries.gate(s)
 
     def ungate(self, sid: str) -> None:
         self.boundaries.ungate(self.sessions.get(sid))
@@ -302,7 +311,7 @@ class EngineRuntime:
         return self.endpoint.session_descriptor(session_id)
 
     async def install_state(self, session_id: str, tree: dict, descriptor: bytes) -> None:
-        await self.endpoint.install_state(session_id, tree, descriptor)
+        await self.endpoint.install_state(session_id, tree, descriptor, gated=self.gate_moved_in)
 
     async def drop_session(self, session_id: str) -> None:
         await self.endpoint.drop_session(session_id)

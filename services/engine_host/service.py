@@ -134,7 +134,7 @@ class EngineHostService(Service):
                                      backend_configs=configs, registry=Registry(cfg.backend_sources),
                                      max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
                                      rebuild_policy=cfg.rebuild_policy, move_wire_bps=cfg.move_wire_bps,
-                                     max_sessions=cfg.max_sessions)
+                                     max_sessions=cfg.max_sessions, gate_moved_in=True)
         self.backend_infos = await self.runtime.in_thread(self.runtime.backend_infos)
         self.profile = await self.runtime.in_thread(self._measure_profile)
         self.runtime.seed_costs(self.profile)

@@ -77,6 +77,8 @@ class Session:
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     checkpoint_key: str = ""
     origin: Origin = "opened"
+    # Installed by a move, gated until its first claim here: that claim's assignment takes this hold over.
+    install_gated: bool = False
     rejected_inputs: int = 0
     last_rejected: Rejected | None = None
     journal: OutputJournal | None = None  # a fenced session's output gate (see journal.py); None: publish at once

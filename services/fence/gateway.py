@@ -49,6 +49,7 @@ ACK_WAIT_S = 5.0
 # items whose storing instance died before releasing them wait this long (plus ACK_WAIT_S if unacked).
 NET_PAUSE_S = 0.05
 HELD_RETRY_S = 1.0  # sessions held for their owner's cursor are looked at again this often
+KICK_CONCURRENCY = 64
 _released = counter("sf_fence_released_items_total", "Items released to a claimed owner")
 _cas_lost = counter("sf_fence_release_cas_lost_total", "Release appends refused because the log moved")
 _malformed = counter("sf_fence_input_batches_malformed_total", "Input-stream messages the gateway skipped")
@@ -79,7 +80,9 @@ class Gateway:
                                     ack_wait=ACK_WAIT_S, max_ack_pending=-1, filter_subject=names.INPUT_SUBJECTS)
         self._sub = await self.js.pull_subscribe(names.INPUT_SUBJECTS, durable=CONSUMER, stream=names.INPUT_STREAM,
                                                  config=config)
-        await bus.serve(self.nc, names.FENCE_KICK, Kick, self._on_kick, queue="fence")
+        # Kicks of different sessions pump independently (each under its session's lock): a host claiming
+        # many sessions at once must not wait for them one after another.
+        await bus.serve(self.nc, names.FENCE_KICK, Kick, self._on_kick, queue="fence", concurrency=KICK_CONCURRENCY)
         await self.nc.subscribe(names.APPLIED_SUBJECTS, cb=self._on_applied)
         self._task = spawn(self._consume(), "gateway")
         spawn(self._retry_held(), "gateway-held")

@@ -15,7 +15,14 @@ from libs import bus, http_limits, names
 from libs.config import HttpServerConfig, PositiveFloat, PositiveInt, section
 from libs.fence import ownership, session_log
 from libs.http_limits import HttpLimits
-from libs.schemas.fence import AssignRequest, CheckpointRequest, CloseRequest, MetaRequest, RegisterRequest
+from libs.schemas.fence import (
+    AssignRequest,
+    CheckpointRequest,
+    ClaimRequest,
+    CloseRequest,
+    MetaRequest,
+    RegisterRequest,
+)
 from libs.service import Service
 from libs.telemetry import traced
 from libs.ws_auth import Origins
@@ -26,6 +33,10 @@ from services.fence.ingress import Ingress
 from services.fence.inputs import InputAppender
 from services.fence.sessions import Sessions
 
+# Requests each instance handles at once. Every verb decides by compare-and-set (as it must with
+# several instances), so they need no serializing; a failover or a host claiming thousands of
+# sessions must not wait one round trip after another.
+VERB_CONCURRENCY = 64
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
 
@@ -75,9 +86,10 @@ class FenceService(Service):
                 ("fence.meta", names.FENCE_META, MetaRequest, self.sessions.meta),
                 ("fence.checkpoint", names.FENCE_CHECKPOINT, CheckpointRequest, self.sessions.checkpoint),
                 ("fence.close", names.FENCE_CLOSE, CloseRequest, self.sessions.close),
-                ("fence.assign", names.FENCE_ASSIGN, AssignRequest, self._assign)):
+                ("fence.assign", names.FENCE_ASSIGN, AssignRequest, self._assign),
+                ("fence.claim", names.FENCE_CLAIM, ClaimRequest, self._claim)):
             await bus.serve(self.nc, subject, req_type, traced(span, handler, tracer_name="statefleet.fence"),
-                            queue="fence")
+                            queue="fence", concurrency=VERB_CONCURRENCY)
         await self.nc.subscribe(names.FENCE_CLOSED, cb=self._on_closed)
         await self.gateway.start(self.spawn)
         sockets = SocketGate(section(cfg, "ws_", SocketLimits))
@@ -90,6 +102,9 @@ class FenceService(Service):
 
     async def _assign(self, request: AssignRequest):
         return await ownership.append_assign(self.nc, self.js, request)
+
+    async def _claim(self, request: ClaimRequest):
+        return await ownership.append_claim(self.js, request)
 
     async def _on_closed(self, msg) -> None:
         session_id = msg.data.decode(errors="replace")

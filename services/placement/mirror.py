@@ -19,6 +19,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
+from libs import bus
 from libs.errors import StatefleetError
 from libs.schemas.base import decode
 
@@ -67,7 +68,7 @@ class KvMirror(Generic[M]):
         quiet = 0.0
         while True:
             try:
-                entry = await watcher.updates(timeout=CHECK_S)
+                entry = await bus.next_update(watcher, CHECK_S)
             except nats.errors.TimeoutError:
                 quiet += CHECK_S
                 if quiet >= self.silence_s or self.nc.stats["reconnects"] != self._reconnects:

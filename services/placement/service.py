@@ -39,7 +39,7 @@ from libs.schemas.placement import (
     PlaceRequest,
 )
 from libs.service import Service
-from libs.tasks import spawn
+from libs.tasks import spawn, wait_set
 from libs.telemetry import counter, histogram, traced
 from services.placement import capacity, failover
 from services.placement.control_config import FleetControlConfig
@@ -141,10 +141,7 @@ class PlacementService(Service):
             deadline = self.liveness.next_deadline()
             wait = 1.0 if deadline is None else max(0.0, deadline - time.monotonic())
             self._heard.clear()
-            try:
-                await asyncio.wait_for(self._heard.wait(), wait)
-            except TimeoutError:
-                pass
+            await wait_set(self._heard, wait)
             if not self.engines.current:
                 # We cannot hear heartbeats (our connection or watch was lost): silence says nothing about
                 # the hosts. Once the re-opened watch has caught up, every live host is heard afresh.
@@ -176,10 +173,7 @@ class PlacementService(Service):
 
     async def _sweep_loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.config.sweep_s)
-            except TimeoutError:
-                pass
+            await wait_set(self._wake, self.config.sweep_s)
             self._wake.clear()
             started = time.monotonic()
             try:

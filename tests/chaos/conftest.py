@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,10 +133,11 @@ async def drill(tmp_path, request, chaos_results):
     yield start
     for d in made:
         await d.close()
-        out = d.stack.stop()
-        # Each drill's latest stack log is kept for diagnosis (tmp dirs rotate away).
-        LOGS.mkdir(parents=True, exist_ok=True)
-        (LOGS / f"{request.node.name}.log").write_text(out)
+        d.stack.stop()
+        # Each drill's latest service logs are kept for diagnosis (tmp dirs rotate away).
+        kept = LOGS / request.node.name
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(d.stack.data_dir / "logs", kept, dirs_exist_ok=True)
 
 
 def record(chaos_results: dict, name: str, d: Drill, audits: list[SessionAudit], **extra) -> dict:

@@ -173,6 +173,33 @@ async def test_mover_endpoint_moves_state_bit_exactly(runtime):
         await dest.stop()
 
 
+async def test_a_fenced_host_runs_no_block_of_a_moved_in_session_before_its_claim(runtime):
+    """Invariant: on a fenced host every block is journaled before its output goes out, and only a
+    claimed owner has a journal, so a session a move installs runs nothing until its claim takes over
+    the install's hold (`Assignments` gates, claims, takes the journal, then ungates)."""
+    await runtime.open(OpenSession(session_id="g", backend="world", seed=1, session_class="C1", period_ms=20))
+    async with runtime.block_boundary("g"):
+        tree, desc = clone_tree(runtime.state_tree("g")), runtime.session_descriptor("g")
+    for fenced in (True, False):
+        out = Outputs()
+        dest = EngineRuntime("cpu", host_id="h2", publish=out, gate_moved_in=fenced)
+        await dest.start()
+        try:
+            await dest.install_state("g", tree, desc)
+            start = dest.info("g").blocks_done
+            await asyncio.sleep(0.3)  # 15 periods
+            if not fenced:  # what a host without fencing does, and what a fenced one did before
+                assert dest.info("g").blocks_done > start
+                continue
+            assert dest.info("g").blocks_done == start and not out.chunks
+            dest.gate("g")  # the assignment takes the install's hold over: one ungate releases it
+            dest.ungate("g")
+            await asyncio.sleep(0.3)
+            assert dest.info("g").blocks_done > start and out.chunks
+        finally:
+            await dest.stop()
+
+
 async def test_install_state_rejects_mismatched_trees_and_descriptors(runtime):
     await runtime.open(OpenSession(session_id="x", backend="avatar", seed=1))
     tree, desc = clone_tree(runtime.state_tree("x")), runtime.session_descriptor("x")

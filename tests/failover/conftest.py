@@ -101,13 +101,13 @@ class Stack:
         except errors.StatefleetError:
             return False
 
-    async def create(self, sid: str, guard: Guard | None = None) -> Placement:
+    async def create(self, sid: str, guard: Guard | None = None, contract: Contract = CONTRACT) -> Placement:
         """Register, place and assign a session as admission does."""
         req = RegisterRequest(session_id=sid, backend="avatar", seed=3, prompt="narrator",
-                              contract=msgspec.msgpack.encode(CONTRACT), tier=1)
+                              contract=msgspec.msgpack.encode(contract), tier=1)
         self.tokens[sid] = (await bus.request(self.nc, names.FENCE_REGISTER, req, RegisterReply)).token
         placement = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
-            session_id=sid, backend="avatar", contract=CONTRACT, guard=guard or Guard()), Placement)
+            session_id=sid, backend="avatar", contract=contract, guard=guard or Guard()), Placement)
         await assign(self.nc, self.js, sid, placement.host_id, incarnation=placement.incarnation)
         await eventually(lambda: self.claimed_by(sid, placement.host_id))
         return placement

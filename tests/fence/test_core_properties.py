@@ -135,6 +135,11 @@ def check(log, view: SessionView) -> None:
         assert core.current_owner(before) == Owner(server_id=event.server_id, version=event.version)
         assert [i.seq for i in event.items] == list(range(before.released + 1, before.released + 1 +
                                                           len(event.items)))
+    # The host feed: from a claim up to and including the record that revokes it, every record is
+    # addressed to the claimant's host, so a host reading only its own records misses nothing its lease needs.
+    claimant = event if isinstance(event, Claim) else core.current_owner(before)
+    if claimant is not None:
+        assert core.addressee(before, event) == claimant.server_id
     # At most one incarnation is authorized at any position; nothing after a close.
     holders = {Owner(server_id=s, version=v) for s in SERVERS for v in range(1, len(assigns) + 2)
                if core.authorized(Owner(server_id=s, version=v), view)}

@@ -15,8 +15,17 @@ import pytest
 
 from libs import bus, bus_auth, errors, names
 from libs.fence import ownership
+from libs.fence.client import EngineClient
 from libs.schemas.base import encode
-from libs.schemas.fence import AssignNotice, RegisterReply, RegisterRequest
+from libs.schemas.fence import (
+    AssignNotice,
+    Claim,
+    LogRecord,
+    Owner,
+    RegisterReply,
+    RegisterRequest,
+    SessionView,
+)
 from services.admission.fleet_feed import FleetFeed
 from tests.fence.conftest import start_fence
 
@@ -85,8 +94,8 @@ async def test_only_fence_appends_to_the_ownership_log(nats_server, fence_as_fen
     try:
         js = cli.jetstream()
         # A direct append by admission is refused by the server and lands nothing ...
-        await admission.nc.publish(names.session_log_subject("x"), b"forged")
-        await admission.refused(f'Publish to "{names.session_log_subject("x")}"')
+        await admission.nc.publish(names.session_record_subject("x", "e0"), b"forged")
+        await admission.refused(f'Publish to "{names.session_record_subject("x", "e0")}"')
         info = await js.stream_info(names.SESSION_STREAM)
         assert info.state.messages == 0
         # ... while the same intent through fence's verb is allowed and written by fence.
@@ -168,6 +177,32 @@ async def test_an_engine_host_speaks_only_for_itself(nats_server, probes):
     await e0.nc.publish(f"$KV.{names.FENCE_META_BUCKET}.s", b"forged meta")
     await e0.refused(f'Publish to "$KV.{names.FENCE_META_BUCKET}.s"')
     assert not any(names.engine_subject("e0", "ping") in v.lower() for v in e0.violations)
+
+
+async def test_an_engine_claims_only_through_fence(nats_server, fence_as_fence, probes):
+    """An engine host's own append to the session log is refused; its claim through `sf.fence.claim`
+    lands, written by fence."""
+    admission = await bus.connect(nats_server.url_for("admission"), name="admission")
+    engine = await bus.connect(nats_server.url_for("engine_host", "e0"), name="engine.e0")
+    client = EngineClient(engine, engine.jetstream(), "e0")
+    try:
+        await bus.request(admission, names.FENCE_REGISTER, RegisterRequest(session_id="c", backend="toy", seed=1),
+                          RegisterReply)
+        assigned = await ownership.assign(admission, admission.jetstream(), "c", "e0")
+        e0 = await probes("engine.e0")
+        forged = LogRecord(event=Claim(server_id="e0", version=assigned.version, cursor=0),
+                           view=SessionView(owner=Owner(server_id="e0", version=assigned.version)))
+        await e0.nc.publish(names.session_record_subject("c", "e0"), encode(forged))
+        await e0.refused(f'Publish to "{names.session_record_subject("c", "e0")}"')
+        assert (await ownership.read_owner(engine.jetstream(), "c")).view.claim is None
+        await client.start()
+        lease = await client.claim("c", assigned.version, cursor=0)
+        tail = await ownership.read_owner(engine.jetstream(), "c")
+        assert tail.view.claim == lease.owner and tail.seq == lease.read_after
+    finally:
+        await client.close()
+        await engine.close()
+        await admission.close()
 
 
 async def test_jetstream_api_is_scoped_per_service(nats_server, fence_as_fence, probes):
