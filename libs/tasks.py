@@ -30,7 +30,7 @@ def report_death(event: str, logger: structlog.typing.FilteringBoundLogger | Non
 
     def done(task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
-            out.error(event, task=task.get_name(), error=repr(task.exception()))
+            out.error(event, task=task.get_name(), error=repr(task.exception()), exc_info=task.exception())
 
     return done
 

@@ -31,11 +31,12 @@ from collections import deque
 from typing import Protocol
 
 import msgspec
+import nats.errors
 import structlog
 
 from libs import logs
 from libs.contracts import Contract
-from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetError
+from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetError, Unavailable
 from libs.fence.block_journal import BlockJournal
 from libs.fence.client import EngineClient, Lease
 from libs.fence.replay import replay_plan
@@ -49,6 +50,17 @@ log = structlog.get_logger("statefleet.engine_host.assignments")
 
 BUSY_BACKOFF_S = 0.005
 REPORT_EVERY_S = 0.5
+TAKE_RETRY_S = 60.0
+
+
+def as_statefleet_error(e: BaseException) -> StatefleetError | None:
+    """A failure of taking a session as our typed error; a bus timeout or lost connection (raised by
+    nats-py as its own errors, or as a bare TimeoutError) is the retryable `Unavailable`."""
+    if isinstance(e, StatefleetError):
+        return e
+    if isinstance(e, (nats.errors.Error, TimeoutError, ConnectionError)):
+        return Unavailable(f"bus: {type(e).__name__}: {e}")
+    return None
 
 
 def open_spec(meta: SessionMeta) -> OpenSession:
@@ -128,17 +140,21 @@ class Assignments:
         sid, version = notice.session_id, notice.version
         logs.bind(session_id=sid, server_id=self.client.server_id, version=version)
         held = self.host.holds(sid)
-        try:
+
+        async def install() -> tuple[SessionMeta, int | None]:
             meta = await self.client.meta(sid, init_media=True)  # a start from the seed needs them
-            if meta.closed:
+            return meta, (None if meta.closed else await self._install(meta))
+
+        try:
+            meta, cursor = await self._through_outages(install, sid, version)
+            if cursor is None:
                 return
-            cursor = await self._install(meta)
         except StatefleetError as e:
             log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
             return
         try:
-            lease = await self.client.claim(sid, version, cursor)
-            journal, plan = await self._take_journal(lease)
+            lease = await self.client.claim(sid, version, cursor)  # retries through outages itself
+            journal, plan = await self._through_outages(lambda: self._take_journal(lease), sid, version)
         except StatefleetError as e:
             log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
             if not held:
@@ -163,6 +179,25 @@ class Assignments:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
         await self._after_revocation(sid)
+
+    async def _through_outages(self, step, sid: str, version: int):
+        """`await step()`, retried while the bus fails it transiently (a leader election, a lost
+        answer) for up to `TAKE_RETRY_S`: giving up would leave the session assigned here and served
+        by nobody. Other errors, and the last transient one, surface as `StatefleetError`."""
+        deadline = time.monotonic() + TAKE_RETRY_S
+        pause = 0.05
+        while True:
+            try:
+                return await step()
+            except Exception as e:
+                error = as_statefleet_error(e)
+                if error is None:
+                    raise
+                if not error.retryable or time.monotonic() + pause > deadline:
+                    raise error from e
+                log.warning("take_retry", session_id=sid, version=version, code=error.code, detail=error.detail)
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 2.0)
 
     async def _install(self, meta: SessionMeta) -> int:
         """Make the session live here, gated; return the input cursor its state reflects."""

@@ -13,11 +13,12 @@ import pytest
 
 from libs import bus, names
 from libs.contracts import Contract
-from libs.fence import block_journal
+from libs.fence import block_journal, ownership
 from libs.fence.replay import replay_plan
 from libs.schemas.engine import OutputChunk
-from libs.schemas.fence import MetaRequest, SessionMeta
+from libs.schemas.fence import AssignRequest, MetaRequest, SessionMeta
 from libs.schemas.motion import MoveReceipt, MoveRequest
+from services.fence.service import FenceConfig, FenceService
 from tests.failover.conftest import crash, eventually
 from tests.fence.invariants import check_log, read_log
 
@@ -128,3 +129,26 @@ async def test_a_moved_session_journals_every_block_it_publishes(stack):
     journaled = {b.block for b in plan}
     assert journaled == set(range(1, len(plan) + 1)) and plan[-1].last_seq == 6
     assert not {b for b in live if b <= plan[-1].block} - journaled, "blocks published but never journaled"
+
+
+async def test_an_assignment_taken_while_fence_is_down_is_claimed_once_fence_returns(stack):
+    """A replacement that cannot reach fence (a restart, a leader election) keeps taking its assignment
+    until it can: giving up would leave the session assigned to it and served by nobody."""
+    await stack.start(placements=1)
+    await stack.engines_up("e0", "e1")
+    sid = "t0"
+    assert (await stack.create(sid)).host_id == "e0"  # first fit
+    await stack.send(sid, 1, 3)
+    await eventually(lambda: stack.consumed(sid, 3))
+    await crash(stack.fence)
+    # What fence's assign verb runs, run here while no fence answers: e1 is named in the log and told so,
+    # and its requests for the session's meta and its claim go unanswered.
+    await ownership.append_assign(stack.nc, stack.js, AssignRequest(session_id=sid, server_id="e1",
+                                                                    expect_version=1))
+    await asyncio.sleep(2.0)
+    assert await stack.claimed_by(sid, "e1", min_version=2) is None
+    stack.fence = await stack._service(FenceService(FenceConfig(nats_url=stack.url, http_port=0, log_json=False)))
+    await eventually(lambda: stack.claimed_by(sid, "e1", min_version=2), 30)
+    await stack.send(sid, 4, 5)
+    await eventually(lambda: stack.consumed(sid, 5))
+    check_log(await read_log(stack.js, sid))
