@@ -11,6 +11,13 @@ every deadline is pushed back, and once the bus is back every host gets `bus_rec
 to reconnect and beat again (their entries may have expired by TTL meanwhile, and they come
 back on their own reconnect schedule), so a bus outage never reads as the fleet dying.
 
+The bus can also fail beneath hosts while placement stays connected (a JetStream leader election:
+heartbeat writes go unanswered while our watch stays up). So with two or more hosts, when no host at
+all was heard for a whole heartbeat interval, a host's silence does not count either: hosts do not
+die together, their shared bus does (and no host would be left to take a dead one's sessions). That
+holds for at most `fleet_quiet_limit_s`, after which silence counts again (every host really gone);
+when beats resume after such a gap, every host gets `quiet_grace_s` to be heard again.
+
 An owner whose incarnation we never saw may be newer than our view (a claim can land just
 before its host's first heartbeat reaches us): it is given `unknown_grace_s` before it
 counts as dead, which also covers a placement that started after that process died.
@@ -42,12 +49,18 @@ class Liveness:
     beats: int = 3  # heartbeat intervals without a beat before a host is dead
     default_heartbeat_s: float = 2.0  # for an entry that does not declare its interval
     unknown_grace_s: float = 6.0
+    fleet_quiet_limit_s: float = 30.0
+    quiet_grace_s: float = 10.0
     live: dict[str, _Seen] = field(default_factory=dict)
     dead: dict[str, set[str]] = field(default_factory=dict)  # host id → its incarnations known dead
     _unknown: dict[tuple[str, str], float] = field(default_factory=dict)  # (host, inc) → first asked about
+    _last_beat: float | None = None  # when any host was last heard
 
     def observe(self, entry: EngineEntry, now: float) -> list[Death]:
         """A heartbeat arrived at `now`."""
+        if self._last_beat is not None and now - self._last_beat > self.beats * self._longest_interval():
+            self.postpone(now, self.quiet_grace_s)  # the fleet was quiet: the others are reconnecting too
+        self._last_beat = now
         deaths = []
         seen = self.live.get(entry.host_id)
         if seen is not None and seen.entry.incarnation != entry.incarnation:
@@ -61,8 +74,23 @@ class Liveness:
         return [self._bury(host_id, "deleted")] if host_id in self.live else []
 
     def expire(self, now: float) -> list[Death]:
-        """Every live host whose heartbeats stopped."""
-        return [self._bury(h, "silent") for h, s in list(self.live.items()) if s.deadline <= now]
+        """Every live host whose heartbeats stopped (unless every host fell quiet: see the module doc)."""
+        silent = [h for h, s in self.live.items() if s.deadline <= now]
+        if silent and self.fleet_quiet(now):
+            self.postpone(now)
+            return []
+        return [self._bury(h, "silent") for h in silent]
+
+    def fleet_quiet(self, now: float) -> bool:
+        """No host of two or more was heard for a whole interval, and not yet for `fleet_quiet_limit_s`."""
+        if len(self.live) < 2 or self._last_beat is None:
+            return False
+        quiet = now - self._last_beat
+        return self._longest_interval() < quiet < self.fleet_quiet_limit_s
+
+    def _longest_interval(self) -> float:
+        return max((s.entry.heartbeat_s or self.default_heartbeat_s for s in self.live.values()),
+                   default=self.default_heartbeat_s)
 
     def postpone(self, now: float, grace_s: float = 0.0) -> None:
         """While heartbeats cannot reach us, no host's silence counts: every deadline starts again at `now`

@@ -74,6 +74,8 @@ class PlacementConfig(FleetControlConfig, kw_only=True):
     # After placement's own connection to the bus comes back, hosts get this long to reconnect and beat
     # before silence counts (their heartbeat entries may have expired while the bus was down).
     bus_reconnect_grace_s: PositiveFloat = 10.0
+    # Every host silent at once reads as the bus failing beneath them, for at most this long.
+    fleet_quiet_limit_s: PositiveFloat = 30.0
     watch_silence_s: PositiveFloat = 10.0
 
 
@@ -87,7 +89,8 @@ class PlacementService(Service):
         self.guard = Guard(busy_fraction=cfg.guard_busy_fraction, memory_fraction=cfg.guard_memory_fraction,
                            max_sessions=cfg.max_sessions_per_host)
         self.liveness = Liveness(beats=names.HEARTBEAT_TTL_FACTOR, default_heartbeat_s=cfg.heartbeat_s,
-                                 unknown_grace_s=cfg.unknown_incarnation_grace_s)
+                                 unknown_grace_s=cfg.unknown_incarnation_grace_s,
+                                 fleet_quiet_limit_s=cfg.fleet_quiet_limit_s, quiet_grace_s=cfg.bus_reconnect_grace_s)
         self._wake = asyncio.Event()  # a death or a new host: sweep now
         self._heard = asyncio.Event()  # a heartbeat moved a liveness deadline
         self._placed: dict[str, Placement] = {}
