@@ -50,6 +50,9 @@ class FleetControlConfig(BaseConfig, kw_only=True):
     scale_in_cooldown_s: NonNeg = 120.0
     warm_pool_hosts: Count = 1  # empty, pre-warmed hosts kept for bursts and resumes
     warm_pool_frac: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    # A host asked for serves about this long after: the pool also holds what the arrival rate (new sessions
+    # per second over the last minute) brings meanwhile. 0: arrivals do not size the pool.
+    provision_lead_s: NonNeg = 60.0
 
     def params(self, guard: Guard) -> Params:
         # Drain moves stay with the drainer (`drainer.py`): scale-in and `statefleet host drain` share it.
@@ -60,4 +63,5 @@ class FleetControlConfig(BaseConfig, kw_only=True):
                       scale_out_above=self.scale_out_above, scale_in_below=self.scale_in_below,
                       scale_out_cooldown_s=self.scale_out_cooldown_s, scale_in_cooldown_s=self.scale_in_cooldown_s,
                       min_hosts=self.min_hosts, max_hosts=self.max_hosts, warm_pool_hosts=self.warm_pool_hosts,
-                      warm_pool_frac=self.warm_pool_frac, drain_by_moves=False, keep_warm_s=self.keep_warm_s)
+                      warm_pool_frac=self.warm_pool_frac, provision_lead_s=self.provision_lead_s,
+                      drain_by_moves=False, keep_warm_s=self.keep_warm_s)

@@ -68,6 +68,7 @@ class FleetController:
         self.lease = KvLease(lease_kv, LEASE_KEY, svc.instance, ttl_s=cfg.lease_ttl_s, margin_s=cfg.lease_ttl_s / 3)
         self.provisioner = provisioner
         self.activity = fleetview.Activity()
+        self.arrivals = fleetview.Arrivals()
         self.busy: dict[str, tuple[str, str]] = {}  # session → (from, to): a move, suspend or resume in flight
         self.draining: set[str] = set()  # hosts a scale-in drain of ours is emptying
         self.drain_ended: dict[str, float] = {}
@@ -112,6 +113,7 @@ class FleetController:
             now=now, wall_now=time.time(), entries=entries, records=svc.hosts.values, sessions=statuses,
             owners=owners, specs=specs, busy=dict(self.busy), path_bps=cfg.path_bps,
             settle_s=cfg.reservation_settle_s, provisioning=self._provisioning(entries, now),
+            arrivals_per_s=self.arrivals.rate(svc.sessions.values, now),
             last_scale_out_at=self.last_scale_out_at, last_scale_in_at=self.last_scale_in_at), self.activity)
         self.activity.forget_except({s.session_id for s in fleet.sessions} | set(self.busy))
         decision = decide(fleet, cfg.params(svc.guard), rebalancing=cfg.rebalance,
@@ -120,8 +122,22 @@ class FleetController:
         self._redrain(fleet)
         for r in decision.refusals:
             self.log.debug("fleet_refusal", kind=r.kind, session_id=r.session_id, host_id=r.host_id, reason=r.reason)
-        await self._apply(decision, now, _residents(fleet))
+        self._log_scaling(decision, fleet)
+        await self._apply(decision, now)
         return decision
+
+    def _log_scaling(self, decision: Decision, fleet) -> None:
+        """The autoscaler's view every round: at info when it acts (a failure to scale is then diagnosable
+        from the log alone), at debug otherwise."""
+        m = decision.scaling
+        if m is None:
+            return
+        acted = [type(a).__name__ for a in decision.actions if isinstance(a, ScaleOut | Drain)]
+        p = self.svc.config
+        (self.log.info if acted else self.log.debug)(
+            "fleet_autoscale", acted=acted, util=round(m.util, 3), load=round(m.load, 3), hosts=m.hosts,
+            want=m.want, pool=m.pool, queued=m.queued, band=(p.scale_in_below, p.target_util, p.scale_out_above),
+            host_busy={h.host_id: round(h.entry.busy_fraction, 3) for h in fleet.hosts})
 
     async def _statuses(self, host_ids: list[str]) -> dict[str, list[SessionInfo]]:
         async def one(h: str) -> tuple[str, list[SessionInfo] | None]:
@@ -157,15 +173,13 @@ class FleetController:
 
     # ------------------------------------------------------------ applying
 
-    async def _apply(self, decision: Decision, now: float, residents: dict[str, int]) -> None:
+    async def _apply(self, decision: Decision, now: float) -> None:
         # Rebalancing runs before autoscaling within one decision, so a host a move touches may be the one
         # scale-in then drains: such moves are dropped (the drainer moves that host's sessions), and so are
         # resumes onto it.
         leaving = {a.host_id for a in decision.actions if isinstance(a, Drain)} | self.draining
         for a in decision.actions:
-            if isinstance(a, Move) and not {a.src, a.dst} & leaving and self._worth_it(a, residents):
-                residents[a.src] -= 1
-                residents[a.dst] = residents.get(a.dst, 0) + 1
+            if isinstance(a, Move) and not {a.src, a.dst} & leaving:
                 self._start(a.session_id, a.src, a.dst, self._move(a), "move")
             elif isinstance(a, Suspend) and a.host_id not in self.draining:  # a suspended session cannot move live
                 self._start(a.session_id, a.host_id, a.host_id, self._suspend(a), "suspend")
@@ -179,17 +193,6 @@ class FleetController:
                 await self._drain(a.host_id, now)
             elif isinstance(a, Release):
                 await self._release(a)
-
-    def _worth_it(self, a: Move, residents: dict[str, int]) -> bool:
-        """A rebalancing move never takes a host's only session: it could only trade places with an empty host.
-
-        (The policy credits the source with its measured load but the receiver with the session's floor-tier
-        share, so emptying a host looks like a large gain: see docs/fleet.md, "Known limits". Consolidating
-        onto fewer hosts is the autoscaler's, by a drain.)"""
-        if a.gain_ms and residents.get(a.src, 0) <= 1:
-            self.log.debug("fleet_move_skipped", session_id=a.session_id, src=a.src, dst=a.dst, why="last_session")
-            return False
-        return True
 
     def _redrain(self, fleet) -> None:
         """A host of ours that is draining or drained yet owns a session (one that reached it while its drain
@@ -360,11 +363,3 @@ class FleetController:
             return f"its record changed meanwhile ({type(e).__name__})"
         return ""
 
-
-def _residents(fleet) -> dict[str, int]:
-    """Sessions on each host's device (serving, or moving away)."""
-    out: dict[str, int] = {}
-    for s in fleet.sessions:
-        if s.state in ("serving", "moving"):
-            out[s.host_id] = out.get(s.host_id, 0) + 1
-    return out
