@@ -51,8 +51,9 @@ class FleetControlConfig(BaseConfig, kw_only=True):
     warm_pool_hosts: Count = 1  # empty, pre-warmed hosts kept for bursts and resumes
     warm_pool_frac: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
     # A host asked for serves about this long after: the pool also holds what the arrival rate (new sessions
-    # per second over the last minute) brings meanwhile. 0: arrivals do not size the pool.
+    # per second over the last `arrival_window_s`) brings meanwhile. 0: arrivals do not size the pool.
     provision_lead_s: NonNeg = 60.0
+    arrival_window_s: PositiveFloat = 60.0
 
     def params(self, guard: Guard) -> Params:
         # Drain moves stay with the drainer (`drainer.py`): scale-in and `statefleet host drain` share it.

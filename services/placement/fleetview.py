@@ -66,19 +66,18 @@ class Arrivals:
 
     The first look counts none: a new lease holder finds a fleet already there, not a burst."""
 
-    def __init__(self, window_s: float = 60.0) -> None:
-        self.window_s = window_s
+    def __init__(self) -> None:
         self.known: set[str] | None = None
         self.times: deque[float] = deque()
 
-    def rate(self, session_ids: Iterable[str], now: float) -> float:
+    def rate(self, session_ids: Iterable[str], now: float, window_s: float) -> float:
         ids = set(session_ids)
         if self.known is not None:
             self.times.extend(now for _ in ids - self.known)
         self.known = ids
-        while self.times and self.times[0] <= now - self.window_s:
+        while self.times and self.times[0] <= now - window_s:
             self.times.popleft()
-        return len(self.times) / self.window_s
+        return len(self.times) / window_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,12 +63,12 @@ def test_idle_sessions_suspend_after_keep_warm_and_new_input_resumes_them():
 
 
 def test_arrivals_count_new_sessions_over_the_window_and_none_at_first_sight():
-    a = fleetview.Arrivals(window_s=10.0)
-    assert a.rate({"a", "b", "c"}, 0.0) == 0.0  # a new lease holder finds them: not arrivals
-    assert a.rate({"a", "b", "c", "d", "e"}, 1.0) == 0.2
-    assert a.rate({"a", "e", "f"}, 5.0) == 0.3  # closed ones leaving the hint take nothing back
-    assert a.rate({"a", "e", "f"}, 11.0) == 0.1  # d and e are out of the window, f is not
-    assert a.rate({"a", "e", "f"}, 15.0) == 0.0
+    a = fleetview.Arrivals()
+    assert a.rate({"a", "b", "c"}, 0.0, 10.0) == 0.0  # a new lease holder finds them: not arrivals
+    assert a.rate({"a", "b", "c", "d", "e"}, 1.0, 10.0) == 0.2
+    assert a.rate({"a", "e", "f"}, 5.0, 10.0) == 0.3  # closed ones leaving the hint take nothing back
+    assert a.rate({"a", "e", "f"}, 11.0, 10.0) == 0.1  # d and e are out of the window, f is not
+    assert a.rate({"a", "e", "f"}, 15.0, 10.0) == 0.0
     fleet = fleetview.snapshot(fleetview.Inputs(
         now=0.0, wall_now=0.0, entries=[host("h0")], records={}, sessions={}, owners={}, specs={}, busy={},
         path_bps=1e9, settle_s=6.0, arrivals_per_s=0.3), fleetview.Activity())
