@@ -34,6 +34,7 @@ class FleetControlConfig(BaseConfig, kw_only=True):
     max_moves_per_round: Count = 4
     move_horizon_s: PositiveFloat = 2.0  # a live move must be admissible within this horizon H
     path_bps: PositiveFloat = 1e9  # data-plane rate assumed between two hosts (bytes/s)
+    move_setup_s: NonNeg = 0.005  # a live move's fixed cost (connection, handshake, commit): part of its freeze
     # Idle offload: suspend a session after this long without input (0: never); it resumes on new input.
     keep_warm_s: NonNeg = 120.0
     # Autoscaling (only with a provisioner): keep utilisation near target, act outside [scale_in_below, scale_out_above].
@@ -60,7 +61,7 @@ class FleetControlConfig(BaseConfig, kw_only=True):
         return Params(guard=guard, eta=self.eta, gain_threshold_ms=self.gain_threshold_ms,
                       move_cooldown_s=self.move_cooldown_s, move_window_s=self.move_window_s,
                       max_moves_per_window=self.max_moves_per_window, max_moves_per_round=self.max_moves_per_round,
-                      move_horizon_s=self.move_horizon_s, target_util=self.target_util,
+                      move_horizon_s=self.move_horizon_s, move_setup_s=self.move_setup_s, target_util=self.target_util,
                       scale_out_above=self.scale_out_above, scale_in_below=self.scale_in_below,
                       scale_out_cooldown_s=self.scale_out_cooldown_s, scale_in_cooldown_s=self.scale_in_cooldown_s,
                       min_hosts=self.min_hosts, max_hosts=self.max_hosts, warm_pool_hosts=self.warm_pool_hosts,
