@@ -123,7 +123,7 @@ class FleetController:
         for r in decision.refusals:
             self.log.debug("fleet_refusal", kind=r.kind, session_id=r.session_id, host_id=r.host_id, reason=r.reason)
         self._log_scaling(decision, fleet)
-        await self._apply(decision, now)
+        await self._apply(decision, now, _residents(fleet))
         return decision
 
     def _log_scaling(self, decision: Decision, fleet) -> None:
@@ -173,13 +173,15 @@ class FleetController:
 
     # ------------------------------------------------------------ applying
 
-    async def _apply(self, decision: Decision, now: float) -> None:
+    async def _apply(self, decision: Decision, now: float, residents: dict[str, int]) -> None:
         # Rebalancing runs before autoscaling within one decision, so a host a move touches may be the one
         # scale-in then drains: such moves are dropped (the drainer moves that host's sessions), and so are
         # resumes onto it.
         leaving = {a.host_id for a in decision.actions if isinstance(a, Drain)} | self.draining
         for a in decision.actions:
-            if isinstance(a, Move) and not {a.src, a.dst} & leaving:
+            if isinstance(a, Move) and not {a.src, a.dst} & leaving and self._worth_it(a, residents):
+                residents[a.src] -= 1
+                residents[a.dst] = residents.get(a.dst, 0) + 1
                 self._start(a.session_id, a.src, a.dst, self._move(a), "move")
             elif isinstance(a, Suspend) and a.host_id not in self.draining:  # a suspended session cannot move live
                 self._start(a.session_id, a.host_id, a.host_id, self._suspend(a), "suspend")
@@ -193,6 +195,19 @@ class FleetController:
                 await self._drain(a.host_id, now)
             elif isinstance(a, Release):
                 await self._release(a)
+
+    def _worth_it(self, a: Move, residents: dict[str, int]) -> bool:
+        """A rebalancing move never takes a host's only session: it could only trade places with an empty host.
+
+        With one capacity model a host's load and a session's share are one number, and between equal
+        hosts the policy sees no gain in such a move. But the source prices the session at the costs it
+        learned while serving (on a loaded machine, many times its start-up profile) and an idle receiver
+        at its start-up profile, so emptying a host still looks like a gain (docs/fleet.md, "Known
+        limits"). Consolidating onto fewer hosts is the autoscaler's, by a drain."""
+        if a.gain_ms and residents.get(a.src, 0) <= 1:
+            self.log.debug("fleet_move_skipped", session_id=a.session_id, src=a.src, dst=a.dst, why="last_session")
+            return False
+        return True
 
     def _redrain(self, fleet) -> None:
         """A host of ours that is draining or drained yet owns a session (one that reached it while its drain
@@ -363,3 +378,11 @@ class FleetController:
             return f"its record changed meanwhile ({type(e).__name__})"
         return ""
 
+
+def _residents(fleet) -> dict[str, int]:
+    """Sessions on each host's device (serving, or moving away)."""
+    out: dict[str, int] = {}
+    for s in fleet.sessions:
+        if s.state in ("serving", "moving"):
+            out[s.host_id] = out.get(s.host_id, 0) + 1
+    return out

@@ -102,7 +102,7 @@ def test_no_move_whose_cut_over_chunk_would_become_the_new_worst():
 def test_a_hosts_only_session_never_trades_places_with_an_equal_empty_host():
     """The heartbeat's load and a session's share are one number now (its floor at the host's costs), so
     moving a host's only session to an equal empty host moves the bottleneck without lowering it: no gain,
-    even at η = 0 and a zero threshold. (The service once had to refuse such moves itself.)"""
+    even at η = 0 and a zero threshold. (Between unequal hosts it can: the service refuses those itself.)"""
     free = msgspec.structs.replace(P, eta=0.0)
     for floor in (4, 8, 16):
         assert moves_of(decide(fleet({"h0": [sess("a", "h0", floor=floor)], "h1": []}), free, scaling=False)) == []
