@@ -34,6 +34,7 @@ class FleetControlConfig(BaseConfig, kw_only=True):
     max_moves_per_round: Count = 4
     move_horizon_s: PositiveFloat = 2.0  # a live move must be admissible within this horizon H
     path_bps: PositiveFloat = 1e9  # data-plane rate assumed between two hosts (bytes/s)
+    move_setup_s: NonNeg = 0.005  # a live move's fixed cost (connection, handshake, commit): part of its freeze
     # Idle offload: suspend a session after this long without input (0: never); it resumes on new input.
     keep_warm_s: NonNeg = 120.0
     # Autoscaling (only with a provisioner): keep utilisation near target, act outside [scale_in_below, scale_out_above].
@@ -50,14 +51,19 @@ class FleetControlConfig(BaseConfig, kw_only=True):
     scale_in_cooldown_s: NonNeg = 120.0
     warm_pool_hosts: Count = 1  # empty, pre-warmed hosts kept for bursts and resumes
     warm_pool_frac: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
+    # A host asked for serves about this long after: the pool also holds what the arrival rate (new sessions
+    # per second over the last `arrival_window_s`) brings meanwhile. 0: arrivals do not size the pool.
+    provision_lead_s: NonNeg = 60.0
+    arrival_window_s: PositiveFloat = 60.0
 
     def params(self, guard: Guard) -> Params:
         # Drain moves stay with the drainer (`drainer.py`): scale-in and `statefleet host drain` share it.
         return Params(guard=guard, eta=self.eta, gain_threshold_ms=self.gain_threshold_ms,
                       move_cooldown_s=self.move_cooldown_s, move_window_s=self.move_window_s,
                       max_moves_per_window=self.max_moves_per_window, max_moves_per_round=self.max_moves_per_round,
-                      move_horizon_s=self.move_horizon_s, target_util=self.target_util,
+                      move_horizon_s=self.move_horizon_s, move_setup_s=self.move_setup_s, target_util=self.target_util,
                       scale_out_above=self.scale_out_above, scale_in_below=self.scale_in_below,
                       scale_out_cooldown_s=self.scale_out_cooldown_s, scale_in_cooldown_s=self.scale_in_cooldown_s,
                       min_hosts=self.min_hosts, max_hosts=self.max_hosts, warm_pool_hosts=self.warm_pool_hosts,
-                      warm_pool_frac=self.warm_pool_frac, drain_by_moves=False, keep_warm_s=self.keep_warm_s)
+                      warm_pool_frac=self.warm_pool_frac, provision_lead_s=self.provision_lead_s,
+                      drain_by_moves=False, keep_warm_s=self.keep_warm_s)

@@ -68,6 +68,7 @@ class FleetController:
         self.lease = KvLease(lease_kv, LEASE_KEY, svc.instance, ttl_s=cfg.lease_ttl_s, margin_s=cfg.lease_ttl_s / 3)
         self.provisioner = provisioner
         self.activity = fleetview.Activity()
+        self.arrivals = fleetview.Arrivals()
         self.busy: dict[str, tuple[str, str]] = {}  # session → (from, to): a move, suspend or resume in flight
         self.draining: set[str] = set()  # hosts a scale-in drain of ours is emptying
         self.drain_ended: dict[str, float] = {}
@@ -112,6 +113,7 @@ class FleetController:
             now=now, wall_now=time.time(), entries=entries, records=svc.hosts.values, sessions=statuses,
             owners=owners, specs=specs, busy=dict(self.busy), path_bps=cfg.path_bps,
             settle_s=cfg.reservation_settle_s, provisioning=self._provisioning(entries, now),
+            arrivals_per_s=self.arrivals.rate(svc.sessions.values, now, cfg.arrival_window_s),
             last_scale_out_at=self.last_scale_out_at, last_scale_in_at=self.last_scale_in_at), self.activity)
         self.activity.forget_except({s.session_id for s in fleet.sessions} | set(self.busy))
         decision = decide(fleet, cfg.params(svc.guard), rebalancing=cfg.rebalance,
@@ -120,8 +122,22 @@ class FleetController:
         self._redrain(fleet)
         for r in decision.refusals:
             self.log.debug("fleet_refusal", kind=r.kind, session_id=r.session_id, host_id=r.host_id, reason=r.reason)
+        self._log_scaling(decision, fleet)
         await self._apply(decision, now, _residents(fleet))
         return decision
+
+    def _log_scaling(self, decision: Decision, fleet) -> None:
+        """The autoscaler's view every round: at info when it acts (a failure to scale is then diagnosable
+        from the log alone), at debug otherwise."""
+        m = decision.scaling
+        if m is None:
+            return
+        acted = [type(a).__name__ for a in decision.actions if isinstance(a, ScaleOut | Drain)]
+        p = self.svc.config
+        (self.log.info if acted else self.log.debug)(
+            "fleet_autoscale", acted=acted, util=round(m.util, 3), load=round(m.load, 3), hosts=m.hosts,
+            want=m.want, pool=m.pool, queued=m.queued, band=(p.scale_in_below, p.target_util, p.scale_out_above),
+            host_busy={h.host_id: round(h.entry.busy_fraction, 3) for h in fleet.hosts})
 
     async def _statuses(self, host_ids: list[str]) -> dict[str, list[SessionInfo]]:
         async def one(h: str) -> tuple[str, list[SessionInfo] | None]:
@@ -183,9 +199,11 @@ class FleetController:
     def _worth_it(self, a: Move, residents: dict[str, int]) -> bool:
         """A rebalancing move never takes a host's only session: it could only trade places with an empty host.
 
-        (The policy credits the source with its measured load but the receiver with the session's floor-tier
-        share, so emptying a host looks like a large gain: see docs/fleet.md, "Known limits". Consolidating
-        onto fewer hosts is the autoscaler's, by a drain.)"""
+        With one capacity model a host's load and a session's share are one number, and between equal
+        hosts the policy sees no gain in such a move. But the source prices the session at the costs it
+        learned while serving (on a loaded machine, many times its start-up profile) and an idle receiver
+        at its start-up profile, so emptying a host still looks like a gain (docs/fleet.md, "Known
+        limits"). Consolidating onto fewer hosts is the autoscaler's, by a drain."""
         if a.gain_ms and residents.get(a.src, 0) <= 1:
             self.log.debug("fleet_move_skipped", session_id=a.session_id, src=a.src, dst=a.dst, why="last_session")
             return False

@@ -9,7 +9,8 @@ or a hand-over is not the session). What no message carries, the controller reme
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from libs.contracts import Contract, floor_row
@@ -60,6 +61,25 @@ class Activity:
             del self.seen[sid]
 
 
+class Arrivals:
+    """New sessions per second over the last `window_s`, as they appear in the sessions hint.
+
+    The first look counts none: a new lease holder finds a fleet already there, not a burst."""
+
+    def __init__(self) -> None:
+        self.known: set[str] | None = None
+        self.times: deque[float] = deque()
+
+    def rate(self, session_ids: Iterable[str], now: float, window_s: float) -> float:
+        ids = set(session_ids)
+        if self.known is not None:
+            self.times.extend(now for _ in ids - self.known)
+        self.known = ids
+        while self.times and self.times[0] <= now - window_s:
+            self.times.popleft()
+        return len(self.times) / window_s
+
+
 @dataclass(frozen=True, slots=True)
 class Inputs:
     """Everything one snapshot is built from, as the service's caches hold it at one instant."""
@@ -75,6 +95,7 @@ class Inputs:
     path_bps: float
     settle_s: float
     provisioning: int = 0
+    arrivals_per_s: float = 0.0
     last_scale_out_at: float = float("-inf")
     last_scale_in_at: float = float("-inf")
 
@@ -99,7 +120,7 @@ def snapshot(x: Inputs, activity: Activity) -> Fleet:
             if spec is not None:
                 sessions.append(_session(info, seen, spec, entry, x))
     return Fleet(now=x.now, hosts=hosts, sessions=tuple(sessions), paths=PathRates(default_bps=x.path_bps),
-                 provisioning=x.provisioning, last_scale_out_at=x.last_scale_out_at,
+                 provisioning=x.provisioning, arrivals_per_s=x.arrivals_per_s, last_scale_out_at=x.last_scale_out_at,
                  last_scale_in_at=x.last_scale_in_at)
 
 

@@ -27,6 +27,20 @@ class Records:
             return HostRecord(host_id=host_id), 0
         return decode(entry.value, HostRecord), entry.revision
 
+    async def swap(self, host_id: str, record: HostRecord, revision: int) -> bool:
+        """Write `record` only if the stored one is still at `revision` (0: none yet); whether it was written."""
+        try:
+            if revision:
+                await self.kv.update(host_id, encode(record), last=revision)
+            else:
+                await self.kv.create(host_id, encode(record))
+            return True
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
+            raise errors.Unavailable(f"capacity record of {host_id} not written: {type(e).__name__}",
+                                     host_id=host_id) from None
+
     async def change(self, host_id: str, fn: Callable[[HostRecord], HostRecord]) -> HostRecord:
         """Apply the pure `fn` to the current record and write the result if nothing changed the record
         since it was read; otherwise read and decide again. `fn` may raise to write nothing."""

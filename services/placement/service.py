@@ -41,7 +41,7 @@ from libs.schemas.placement import (
 from libs.service import Service
 from libs.tasks import spawn, wait_set
 from libs.telemetry import counter, histogram, traced
-from services.placement import capacity, failover
+from services.placement import capacity, device_cas, failover
 from services.placement.control_config import FleetControlConfig
 from services.placement.controller import FleetController, provisioner_for
 from services.placement.drainer import Drainer
@@ -254,14 +254,15 @@ class PlacementService(Service):
         if host is None:
             raise Rejected(f"host {host_id} is not live", reason="no_fit", host_id=host_id)
 
-        def take(record: HostRecord) -> HostRecord:
-            est = capacity.fit(contract, backend, host, capacity.release(record, [sid]), self.guard,
+        def take(view: EngineEntry, record: HostRecord) -> HostRecord:
+            est = capacity.fit(contract, backend, view, capacity.release(record, [sid]), self.guard,
                                self.config.reservation_settle_s)
             if not est.fits:
                 raise Rejected(f"host {host_id}: {est.reason}", reason="no_fit", host_id=host_id)
             return capacity.reserve(record, sid, est, incarnation, time.time())
 
-        return await self.records.change(host_id, take)
+        return await device_cas.reserve(self.records, host, self.live_hosts(), self.config.reservation_settle_s,
+                                        sid, take)
 
     async def release(self, host_id: str, sids: list[str]) -> None:
         await self.records.change(host_id, lambda r: capacity.release(r, sids))
@@ -306,16 +307,18 @@ class PlacementService(Service):
             if host is None:
                 continue
 
-            def take(record: HostRecord, host=host) -> HostRecord:
-                # Decided again on the record as read now: the CAS makes this the decision that holds.
-                fresh = capacity.fit(req.contract, req.backend, host, capacity.release(record, [sid]), req.guard,
+            def take(view: EngineEntry, record: HostRecord, host=host) -> HostRecord:
+                # Decided again on the records as read now (the host's, and its device peers'): the CAS
+                # makes this the decision that holds.
+                fresh = capacity.fit(req.contract, req.backend, view, capacity.release(record, [sid]), req.guard,
                                      self.config.reservation_settle_s)
                 if not fresh.fits:
                     raise Rejected(f"host {host.host_id}: {fresh.reason}", reason="no_fit")
                 return capacity.reserve(record, sid, fresh, host.incarnation, time.time())
 
             try:
-                await self.records.change(est.host_id, take)
+                await device_cas.reserve(self.records, host, self.live_hosts(), self.config.reservation_settle_s,
+                                         sid, take)
             except Rejected:
                 continue  # filled up since the mirror showed it: the next host in order
             placement = Placement(session_id=sid, host_id=est.host_id, estimate=est, incarnation=host.incarnation)

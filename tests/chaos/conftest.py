@@ -29,8 +29,9 @@ LOGS = RESULTS.parent / "logs"
 
 # Fast heartbeats, checkpoints and orphan grace keep each drill short; one torch thread per host
 # keeps two engine hosts from oversubscribing a small CPU.
-# The fleet controller is off: a drill measures recovery from its one fault, not rebalancing around it.
-STACK_ENV = {"SF_FLEET_CONTROL": "false", "SF_HEARTBEAT_S": "0.5", "SF_CHECKPOINT_EVERY_S": "1.0", "SF_ORPHAN_GRACE_S": "1.0",
+# The fleet controller runs as it does by default (rebalancing, idle offload; no provisioner, so no scaling):
+# each drill's fault must be survived with it deciding every second beside the recovery.
+STACK_ENV = {"SF_HEARTBEAT_S": "0.5", "SF_CHECKPOINT_EVERY_S": "1.0", "SF_ORPHAN_GRACE_S": "1.0",
              "SF_TORCH_THREADS": "1", "SF_PROFILE_BLOCKS": "2"}
 ITEM_EVERY_S = 0.1
 

@@ -60,3 +60,16 @@ def test_idle_sessions_suspend_after_keep_warm_and_new_input_resumes_them():
     fleet = fleetview.snapshot(inputs(41.0, {"h0": [info("a", "suspended", 4), info("b", cursor=5)]}, owners), seen)
     (resume,) = [a for a in decide(fleet, PARAMS, scaling=False).actions if isinstance(a, Resume)]
     assert (resume.session_id, resume.host_id) == ("a", "h0")  # its own host has room
+
+
+def test_arrivals_count_new_sessions_over_the_window_and_none_at_first_sight():
+    a = fleetview.Arrivals()
+    assert a.rate({"a", "b", "c"}, 0.0, 10.0) == 0.0  # a new lease holder finds them: not arrivals
+    assert a.rate({"a", "b", "c", "d", "e"}, 1.0, 10.0) == 0.2
+    assert a.rate({"a", "e", "f"}, 5.0, 10.0) == 0.3  # closed ones leaving the hint take nothing back
+    assert a.rate({"a", "e", "f"}, 11.0, 10.0) == 0.1  # d and e are out of the window, f is not
+    assert a.rate({"a", "e", "f"}, 15.0, 10.0) == 0.0
+    fleet = fleetview.snapshot(fleetview.Inputs(
+        now=0.0, wall_now=0.0, entries=[host("h0")], records={}, sessions={}, owners={}, specs={}, busy={},
+        path_bps=1e9, settle_s=6.0, arrivals_per_s=0.3), fleetview.Activity())
+    assert fleet.arrivals_per_s == 0.3

@@ -97,3 +97,14 @@ def test_no_move_whose_cut_over_chunk_would_become_the_new_worst():
 
     assert moves_of(decide(hot(slow), p, scaling=False)) == []
     assert len(moves_of(decide(hot(PathRates(default_bps=admissibility.gbps(100))), p, scaling=False))) == 1
+
+
+def test_a_hosts_only_session_never_trades_places_with_an_equal_empty_host():
+    """The heartbeat's load and a session's share are one number now (its floor at the host's costs), so
+    moving a host's only session to an equal empty host moves the bottleneck without lowering it: no gain,
+    even at η = 0 and a zero threshold. (Between unequal hosts it can: the service refuses those itself.)"""
+    free = msgspec.structs.replace(P, eta=0.0)
+    for floor in (4, 8, 16):
+        assert moves_of(decide(fleet({"h0": [sess("a", "h0", floor=floor)], "h1": []}), free, scaling=False)) == []
+    # a second session makes it a real gain: one each
+    assert moves_of(decide(fleet({"h0": [sess("a", "h0"), sess("b", "h0")], "h1": []}), free, scaling=False))

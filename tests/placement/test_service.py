@@ -14,6 +14,7 @@ from libs.errors import Rejected, SchemaError
 from libs.schemas.base import encode
 from libs.schemas.common import Ping
 from libs.schemas.placement import Placement, PlaceRequest
+from services.placement.service import PlacementConfig, PlacementService
 from tests.admission.conftest import placement  # noqa: F401  (the service, started on the test's server)
 from tests.admission.fleet import c1, host
 
@@ -62,3 +63,35 @@ async def test_an_undecodable_heartbeat_is_skipped_not_fatal(nc):
     await kv.put("garbage", b"\x00\x01not msgpack")
     await beat(nc, host("h0", at=time.time()))
     assert (await bus.request(nc, names.PLACEMENT_PLACE, req("s1"), Placement)).host_id == "h0"
+
+
+async def test_two_placers_on_two_hosts_of_one_device_never_both_land(nats_server, nc, placement):  # noqa: F811
+    """Invariant: hosts that share a device are judged together, also at the final compare-and-set.
+    Two sessions, each needing over half the device, placed at once by two instances on a device's two
+    hosts: one lands, the other is refused. (Each host's own CAS alone lets both land.)"""
+    other = PlacementService(PlacementConfig(nats_url=nats_server.url, reservation_settle_s=60.0))
+    await other.start()
+    try:
+        pair = [msgspec.structs.replace(host(h, at=time.time()), machine="m1") for h in ("h0", "h1")]
+        await beat(nc, *pair)
+        await eventually(lambda: len(placement.live_hosts()) == 2 and len(other.live_hosts()) == 2)
+        kv = await bus.ensure_kv(nc.jetstream(), names.CAPACITY_BUCKET)
+        for round_ in range(4):
+            reqs = [PlaceRequest(session_id=f"r{round_}{x}", backend="world", contract=c1(period_ms=20.0),
+                                 guard=Guard(max_sessions=8)) for x in "ab"]
+            got = await asyncio.gather(placement._on_place(reqs[0]), other._on_place(reqs[1]), return_exceptions=True)
+            assert sum(isinstance(g, Placement) for g in got) == 1, got
+            assert all(isinstance(g, Placement | Rejected) for g in got), got
+            for h in ("h0", "h1"):  # the next round starts from an empty device
+                await kv.purge(h)
+            await eventually(lambda: not any(r.sessions for r in placement.hosts.values.values())
+                             and not any(r.sessions for r in other.hosts.values.values()))
+    finally:
+        await other.stop()
+
+
+async def eventually(cond, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "not within the timeout"
+        await asyncio.sleep(0.02)

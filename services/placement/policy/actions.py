@@ -61,6 +61,20 @@ class Refusal(msgspec.Struct, frozen=True, kw_only=True):
     host_id: str = ""
 
 
+class Scaling(msgspec.Struct, frozen=True, kw_only=True):
+    """What the autoscaler saw in one decision: its load (busy fractions summed, queued sessions' included),
+    the hosts it counts (open plus provisioning), their utilisation, and the host count it aims at."""
+
+    load: float
+    hosts: int
+    util: float
+    want: int
+    pool: int
+    idle_hosts: int
+    queued: int
+
+
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     actions: tuple[Action, ...]
     refusals: tuple[Refusal, ...] = ()
+    scaling: Scaling | None = None  # with autoscaling on: why it scaled, or did not

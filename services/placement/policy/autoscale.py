@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from libs.contracts import demand
-from services.placement.policy.actions import Drain, Release, ScaleOut
+from services.placement.policy.actions import Drain, Release, ScaleOut, Scaling
 from services.placement.policy.plan import HostLoad, Plan
 from services.placement.policy.snapshot import Session
 
@@ -56,7 +56,8 @@ def releases(plan: Plan) -> list[Release]:
             if hl.host.state in ("draining", "drained") and hl.host_id not in owned]
 
 
-def autoscale(plan: Plan, queued: list[Session]) -> list[ScaleOut | Drain | Release]:
+def measure(plan: Plan, queued: list[Session]) -> Scaling:
+    """The fleet's utilisation as the autoscaler judges it, and the host count it aims at."""
     p, fleet = plan.params, plan.fleet
     opens = plan.open_loads()
     load = sum(hl.busy for hl in opens) + queued_load(plan, queued)
@@ -64,20 +65,26 @@ def autoscale(plan: Plan, queued: list[Session]) -> list[ScaleOut | Drain | Rele
     busy_hosts = math.ceil(load / p.target_util - 1e-9)
     pool = max(p.warm_pool_hosts, math.ceil(p.warm_pool_frac * busy_hosts), _lead_hosts(plan, opens))
     want = min(p.max_hosts, max(p.min_hosts, busy_hosts + pool))
-    util = load / have if have else math.inf
+    idle_hosts = sum(1 for hl in opens if not hl.n and not hl.pending) + fleet.provisioning
+    return Scaling(load=load, hosts=have, util=load / have if have else math.inf, want=want, pool=pool,
+                   idle_hosts=idle_hosts, queued=len(queued))
+
+
+def autoscale(plan: Plan, queued: list[Session]) -> tuple[list[ScaleOut | Drain | Release], Scaling]:
+    p, fleet = plan.params, plan.fleet
+    m = measure(plan, queued)
     owned = owners(plan)
     out: list[ScaleOut | Drain | Release] = []
-    idle_hosts = sum(1 for hl in opens if not hl.n and not hl.pending) + fleet.provisioning
-    short = util > p.scale_out_above or bool(queued) or idle_hosts < pool
-    if short and have < want and fleet.now - fleet.last_scale_out_at >= p.scale_out_cooldown_s:
-        out.append(ScaleOut(count=want - have))
-    elif (util < p.scale_in_below and have > want and fleet.provisioning == 0 and not queued
+    short = m.util > p.scale_out_above or bool(queued) or m.idle_hosts < m.pool
+    if short and m.hosts < m.want and fleet.now - fleet.last_scale_out_at >= p.scale_out_cooldown_s:
+        out.append(ScaleOut(count=m.want - m.hosts))
+    elif (m.util < p.scale_in_below and m.hosts > m.want and fleet.provisioning == 0 and not queued
           and fleet.now - fleet.last_scale_in_at >= p.scale_in_cooldown_s):
-        for hl in _drain_order(opens, owned)[: have - want]:
+        for hl in _drain_order(plan.open_loads(), owned)[: m.hosts - m.want]:
             out.append(Drain(host_id=hl.host_id))
             if hl.host_id not in owned:
                 out.append(Release(host_id=hl.host_id))
-    return out + releases(plan)
+    return out + releases(plan), m
 
 
 def _drain_order(opens: list[HostLoad], owned: set[str]) -> list[HostLoad]:

@@ -61,6 +61,8 @@ def decide(fleet: Fleet, params: Params, *, rebalancing: bool = True, scaling: b
         moves, refused = rebalance(plan)
         actions += moves
         refusals += refused
+    seen = None
     if scaling:
-        actions += autoscale(plan, still_queued)
-    return Decision(actions=tuple(actions), refusals=tuple(refusals))
+        scaled, seen = autoscale(plan, still_queued)
+        actions += scaled
+    return Decision(actions=tuple(actions), refusals=tuple(refusals), scaling=seen)
