@@ -81,9 +81,11 @@ class BlockJournal:
             return journal, [e for _, e in entries]
         raise errors.Conflict("sealing the block journal kept losing the race", session_id=session_id)
 
-    async def append(self, blocks: list[ConsumedBlock]) -> None:
-        """Make `blocks` durable, or raise `Conflict(reason="fenced")` if a newer owner sealed the journal."""
-        entry = BlockEntry(server_id=self.owner.server_id, version=self.owner.version, blocks=blocks)
+    async def append(self, blocks: list[ConsumedBlock], quiet_through: int = 0) -> None:
+        """Make `blocks` (and the quiet window after them, see `BlockEntry`) durable, or raise
+        `Conflict(reason="fenced")` if a newer owner sealed the journal."""
+        entry = BlockEntry(server_id=self.owner.server_id, version=self.owner.version, blocks=blocks,
+                           quiet_through=quiet_through)
         for _ in range(bus.MAX_CAS_ATTEMPTS):
             try:
                 await self._publish(entry)
@@ -116,9 +118,12 @@ class BlockJournal:
         self.tail_seq = ack.seq
 
     async def forget_through(self, block: int) -> None:
-        """A checkpoint at `block` is recorded at fence: entries holding only blocks up to it are not
-        needed by any replacement any more. The tail entry stays (it carries the CAS position)."""
-        keep_from = next((seq for seq, last in self.entry_seqs if last > block), self.tail_seq)
+        """A checkpoint at `block` is recorded at fence: entries before the last one that ends at or
+        before it are not needed by any replacement any more (that one says what the quiet blocks
+        right after the checkpoint were). Later entries, landed or in flight, are never purged:
+        `seq` purges strictly below the first entry kept."""
+        ended = [seq for seq, last in self.entry_seqs if last <= block]
+        keep_from = ended[-1] if ended else (self.entry_seqs[0][0] if self.entry_seqs else self.tail_seq)
         self.entry_seqs = [(seq, last) for seq, last in self.entry_seqs if seq >= keep_from]
         try:
             await self.js.purge_stream(names.BLOCK_STREAM, subject=names.block_journal_subject(self.session_id),

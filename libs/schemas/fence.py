@@ -233,12 +233,17 @@ class ConsumedBlock(Msg, frozen=True, array_like=True):
 class BlockEntry(Msg):
     """One record of the block journal (`sf.blocks.<sid>`), appended by the claimed owner
     `(server_id, version)` with compare-and-set on the journal's tail. An entry without blocks is
-    a seal: the first write of a new owner, after which no older version can append."""
+    a seal: the first write of a new owner, after which no older version can append.
+
+    `quiet_through`: the owner may publish blocks after this entry's last block, up to and including
+    this one, without another record as long as each consumes no item at the last block's tier; a
+    replacement regenerates every such block not recorded later (they may have been shown). 0: none."""
 
     server_id: str
     version: int
     blocks: list[ConsumedBlock] = []
     at: float = 0.0
+    quiet_through: int = 0
 
 
 class AppliedCursor(Msg):

@@ -154,7 +154,8 @@ class Assignments:
             return
         try:
             lease = await self.client.claim(sid, version, cursor)  # retries through outages itself
-            journal, plan = await self._through_outages(lambda: self._take_journal(lease), sid, version)
+            journal, plan = await self._through_outages(lambda: self._take_journal(lease, installed_here=not held),
+                                                        sid, version)
         except StatefleetError as e:
             log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
             if not held:
@@ -216,11 +217,13 @@ class Assignments:
         info = await self.host.open(open_spec(meta), gated=True)
         return info.input_cursor
 
-    async def _take_journal(self, lease: Lease) -> tuple[OutputJournal, list[ConsumedBlock]]:
+    async def _take_journal(self, lease: Lease, *, installed_here: bool) -> tuple[OutputJournal, list[ConsumedBlock]]:
         """Seal the session's block journal for our claim and attach it; return the recorded blocks
         after the installed state, which must be regenerated before any live block."""
         sid = lease.session_id
         writer, entries = await BlockJournal.take(self.client.js, sid, lease.owner)
+        if installed_here:
+            await self._catch_up_checkpoint(sid)
         info = self.host.info(sid)
         try:
             plan = replay_plan(entries, info.blocks_done, info.consumed_seq)
@@ -234,12 +237,24 @@ class Assignments:
                      through_block=plan[-1].block)
         return self.host.attach_journal(sid, writer), plan
 
+    async def _catch_up_checkpoint(self, sid: str) -> None:
+        """A former owner presumed dead may have run on and recorded a newer checkpoint after we read
+        the meta (our claim ends that), and then purged its journal up to it: the blocks between our
+        state and that checkpoint are gone. Install that checkpoint instead (still gated, nothing shown)."""
+        meta = await self.client.meta(sid)
+        if not meta.checkpoint_ref or meta.checkpoint_block <= self.host.info(sid).blocks_done:
+            return
+        log.info("checkpoint_moved_on", session_id=sid, key=meta.checkpoint_ref, block=meta.checkpoint_block)
+        await self.host.close(sid, drain=False)
+        await self.host.restore(sid, meta.checkpoint_ref, gated=True)
+
     async def apply_releases(self, lease: Lease, plan: list[ConsumedBlock] | None = None) -> None:
         """Regenerate the recorded blocks in `plan` as their items arrive, then ungate the session and
         apply the lease's released items in order until it is revoked, reporting progress to fence."""
         sid = lease.session_id
         todo = deque(plan or [])
-        await self._regenerate(sid, todo, lease.cursor)
+        # The installed state may be past the claim's cursor (a checkpoint caught up to after the claim).
+        await self._regenerate(sid, todo, max(lease.cursor, self.host.info(sid).input_cursor))
         last_report = 0.0
         async for item in lease:
             if lease.revoked.is_set():

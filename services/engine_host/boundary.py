@@ -30,6 +30,7 @@ class Boundaries:
             await s.idle.wait()
             if s.journal is not None:
                 await s.journal.flushed()
+                await s.journal.close_window()
             yield
         finally:
             self.ungate(s)

@@ -1,17 +1,23 @@
-"""A fenced session's output gate: a block's output is published only once the block journal holds
-which input items that block consumed, so a replacement can regenerate exactly what was shown.
+"""A fenced session's output gate: a block's output is published only once the block journal says
+durably what that block was (which input items it consumed, at which tier), so a replacement can
+regenerate exactly what was shown.
 
 The sink hands every finished block here and goes on (the session's next block may run
 meanwhile); one task per session makes the waiting blocks' records durable as one journal entry
 (group commit: whatever finished while the previous append was in flight), then publishes their
-output in block order. A regenerated block is already in the journal and is only published,
-marked replayed. Once the journal says a newer owner sealed it, this host is fenced: nothing
-more is published, and `fenced` is set so the lease stops taking input.
+output in block order. Each entry of a periodic session declares the next `quiet_blocks` blocks
+quiet: one of them that consumes no item at the last recorded tier is published without an append
+of its own (the entry already says what it is, see `libs/fence/replay.py`); any other block is
+recorded first. A regenerated block is already in the journal and is only published, marked
+replayed. Once an append says a newer owner sealed the journal, this host is fenced: nothing more
+is published, and `fenced` is set so the lease stops taking input. (Quiet blocks published before
+that, after the seal, are exactly what the new owner regenerates for those indexes.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -30,6 +36,10 @@ _blocks = counter("sf_engine_journal_blocks_total", "Blocks recorded in the bloc
 
 MAX_GROUP = 256  # blocks per journal entry (about 7 bytes each)
 RETRY_S = 0.05
+# Blocks an entry declares quiet: 25 C1 blocks (1 s). A session whose input pauses appends about once
+# a second instead of 25 times; a replacement regenerates up to this many item-less blocks after the
+# last record before it serves input (a second of input delay after a failover, at most).
+QUIET_BLOCKS = 25
 
 PublishBlock = Callable[[int, Output, bool, int], Awaitable[None]]  # block, output, replayed, last input seq
 
@@ -42,9 +52,12 @@ class Finished:
 
 
 class OutputJournal:
-    def __init__(self, writer: BlockJournal, publish: PublishBlock) -> None:
+    def __init__(self, writer: BlockJournal, publish: PublishBlock, quiet_blocks: int = QUIET_BLOCKS) -> None:
         self.writer = writer
         self.publish = publish
+        self.quiet_blocks = quiet_blocks
+        self._quiet: tuple[int, int] = (0, -1)  # (quiet_through, tier) of our last landed entry
+        self._last: ConsumedBlock | None = None  # the last block we published
         self.fenced = asyncio.Event()
         self._queue: list[Finished] = []
         self._wake = asyncio.Event()
@@ -70,6 +83,18 @@ class OutputJournal:
     async def forget_through(self, block: int) -> None:
         await self.writer.forget_through(block)
 
+    async def close_window(self) -> None:
+        """At a block boundary (flushed, no block running): end our open quiet window at the last
+        block, so a copy or checkpoint taken now is not followed by item-less blocks this owner never
+        ran (a live move's destination would regenerate them before serving input). Best effort: an
+        open window only costs that delay."""
+        last, (through, _) = self._last, self._quiet
+        if last is None or through <= last.block or self.fenced.is_set():
+            return
+        with contextlib.suppress(StatefleetError):
+            await self.writer.append([last], last.block)
+            self._quiet = (last.block, last.tier)
+
     async def close(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
@@ -82,9 +107,10 @@ class OutputJournal:
             while self._queue and not self.fenced.is_set():
                 batch, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
                 fresh = [b.consumed for b in batch if not b.replayed]
-                if fresh and not await self._durable(fresh):
+                if not all(map(self._covered, fresh)) and not await self._durable(fresh):
                     break
                 for b in batch:
+                    self._last = b.consumed
                     if b.output is not None:
                         await self.publish(b.consumed.block, b.output, b.replayed, b.consumed.last_seq)
             if self.fenced.is_set():
@@ -92,11 +118,18 @@ class OutputJournal:
             if not self._queue:
                 self._idle.set()
 
+    def _covered(self, b: ConsumedBlock) -> bool:
+        """Our last landed entry already says what `b` is: in its quiet window, no item, same tier."""
+        through, tier = self._quiet
+        return b.first_seq > b.last_seq and b.block <= through and b.tier == tier
+
     async def _durable(self, records: list[ConsumedBlock]) -> bool:
         """Append until it lands (True) or the journal says we are fenced (False)."""
+        through = records[-1].block + self.quiet_blocks if self.quiet_blocks else 0
         while True:
             try:
-                await self.writer.append(records)
+                await self.writer.append(records, through)
+                self._quiet = (through, records[-1].tier)
                 _entries.add(1)
                 _blocks.add(len(records))
                 return True

@@ -42,7 +42,7 @@ from services.engine_host.boundary import Boundaries
 from services.engine_host.costs import Backends, CostModel, shape_of
 from services.engine_host.dispatcher import Dispatcher
 from services.engine_host.host_endpoint import HostEndpoint, backend_info
-from services.engine_host.journal import OutputJournal
+from services.engine_host.journal import QUIET_BLOCKS, OutputJournal
 from services.engine_host.lifecycle import Lifecycle
 from services.engine_host.offload import Offload
 from services.engine_host.pipeline import StagePipeline
@@ -228,7 +228,10 @@ class EngineRuntime:
         s = self.sessions.get(sid)
         if s.journal is not None:
             raise Conflict(f"session {sid} already has a journal", session_id=sid)
-        s.journal = OutputJournal(writer, functools.partial(self.sink.publish_block, s))
+        # Only a periodic session runs blocks nobody asked for: a replacement may regenerate a quiet
+        # window it never showed. A non-periodic one runs exactly the blocks `advance` asks for.
+        quiet = QUIET_BLOCKS if s.spec.period_ms > 0 else 0
+        s.journal = OutputJournal(writer, functools.partial(self.sink.publish_block, s), quiet)
         return s.journal
 
     async def replay_block(self, sid: str, block: ConsumedBlock) -> None:

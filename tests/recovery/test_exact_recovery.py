@@ -10,7 +10,9 @@ import signal
 
 import pytest
 
+from libs.errors import IntegrityError
 from libs.fence.ownership import assign
+from libs.fence.replay import replay_plan
 from tests.fence.invariants import check_log, read_log
 from tests.recovery.conftest import (
     OutputLog,
@@ -89,10 +91,17 @@ def assert_exact(out: OutputLog, dead: dict, checkpoint_block: int) -> None:
 
 
 def assert_journal_chain(entries) -> None:
-    """The journal's records (those kept after the last checkpoint) cover consecutive items, block after block."""
-    blocks = {b.block: b for e in entries for b in e.blocks}
-    ordered = [blocks[i] for i in sorted(blocks)]
-    for prev, cur in zip(ordered, ordered[1:], strict=False):
+    """The journal's records (those kept after the last checkpoint) cover consecutive items, block after
+    block: recorded ones, and quiet ones (no item) inside a quiet window of the entry before them."""
+    records = {b.block: b for e in entries for b in e.blocks}
+    first = records[min(records)]
+    shown = [(e.server_id, e.version, [(b.block, b.first_seq, b.last_seq, b.tier) for b in e.blocks], e.quiet_through) for e in entries]
+    try:
+        plan = replay_plan(entries, first.block - 1, first.first_seq - 1)  # raises on a gap
+    except IntegrityError as e:
+        raise AssertionError(f"{e.detail}; journal: {shown}") from None
+    assert plan[-1].block >= max(records) and all(records.get(b.block, b) == b for b in plan), shown
+    for prev, cur in zip(plan, plan[1:], strict=False):
         assert cur.block == prev.block + 1 and cur.first_seq == prev.last_seq + 1
 
 
