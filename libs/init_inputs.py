@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from libs.errors import BadInitInput, TooLarge, UnsupportedInput
+from libs.schemas.common import EngineEntry
 from libs.schemas.engine import AUDIO_SAMPLE_RATE, RawImage
 
 INIT_KINDS: tuple[str, ...] = ("prompt", "image", "audio")
@@ -48,3 +49,14 @@ def check(prompt: str, image: RawImage | None, audio: bytes, *, kinds: Collectio
                 takes = "/".join(sorted(kinds)) or "its seed alone"
                 raise UnsupportedInput(f"backend {backend} starts from {takes}, not {kind}",
                                        field=kind, **where)
+
+
+def limits_on(backend: str, hosts: list[EngineEntry]) -> tuple[set[str] | None, int]:
+    """The init kinds every live host that serves `backend` starts a session from, and the fewest
+    init bytes any of them takes (a session must start wherever it is placed or failed over to).
+    Nothing known (no host says): (None, 0), and only the form and the bus-wide cap are checked."""
+    rows = [r for h in hosts for r in h.profile if r.backend == backend and r.init_kinds]
+    if not rows:
+        return None, 0
+    kinds = set.intersection(*(set(r.init_kinds) for r in rows))
+    return kinds, min((r.max_init_bytes for r in rows if r.max_init_bytes), default=0)

@@ -41,11 +41,9 @@ from libs.fence.ownership import assign, read_owner, update_summary
 from libs.http_limits import HttpLimits
 from libs.live_hosts import LiveHosts
 from libs.schemas.admission import (
-    AdmissionMetrics,
     AdmissionVerdict,
     CreatedSession,
     CreateSession,
-    FleetHost,
     FleetView,
     QueueEntry,
     QueueView,
@@ -53,7 +51,7 @@ from libs.schemas.admission import (
     SessionStatus,
 )
 from libs.schemas.base import decode, encode
-from libs.schemas.common import EngineEntry, SessionSummary
+from libs.schemas.common import EngineEntry
 from libs.schemas.fence import CloseReply, CloseRequest, RegisterReply, RegisterRequest
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from libs.schemas.placement import (
@@ -69,7 +67,7 @@ from libs.service import Service
 from libs.tasks import wait_set
 from libs.telemetry import counter, histogram, traced
 from libs.ws_limits import SocketGate, SocketLimits
-from services.admission import http, media_rate
+from services.admission import http, media_rate, views
 from services.admission.auth import OPEN, Caller, Credentials
 from services.admission.console import add_console
 from services.admission.core import AdmissionCore, Candidate, Policy
@@ -141,7 +139,7 @@ class AdmissionService(Service):
         if len(req.prompt.encode()) > self.config.max_prompt_bytes:
             raise TooLarge(f"prompt is over {self.config.max_prompt_bytes} bytes", field="prompt",
                            limit=self.config.max_prompt_bytes)
-        kinds, max_bytes = init_limits(req.backend, self._live())
+        kinds, max_bytes = init_inputs.limits_on(req.backend, self._live())
         init_inputs.check(req.prompt, req.image, req.audio, kinds=kinds, max_bytes=max_bytes, backend=req.backend)
         contract = media_rate.complete(req.contract, req.backend, [r for h in self._live() for r in h.profile])
         req = msgspec.structs.replace(req, contract=contract)
@@ -236,6 +234,9 @@ class AdmissionService(Service):
                                              enqueued_at=w.enqueued_at, deadline=w.deadline)
                                   for i, w in enumerate(self.core.waiting(), 1)])
 
+    def fleet_view(self) -> FleetView:
+        return views.fleet(self._live(), self.core.reservations)
+
     async def move(self, session_id: str, dest: str, deadline_s: float) -> MoveReceipt:
         """An operator's move (the dashboard's): from the session's owner to `dest`, through the mover."""
         owner = (await read_owner(self.js, session_id)).view.owner
@@ -243,18 +244,6 @@ class AdmissionService(Service):
             raise NotFound(f"session {session_id} has no owner to move from", session_id=session_id)
         req = MoveRequest(session_id=session_id, source=owner.server_id, dest=dest, deadline_s=deadline_s)
         return await bus.request(self.nc, names.MOVER_MOVE, req, MoveReceipt, timeout_s=deadline_s + 30)
-
-    def fleet_view(self) -> FleetView:
-        hosts = []
-        for h in sorted(self._live(), key=lambda h: h.host_id):
-            pending = self.core.reservations.on(h)
-            hosts.append(FleetHost(host_id=h.host_id, device=h.device, heartbeat_at=h.heartbeat_at,
-                                   sessions=h.sessions, busy_fraction=h.busy_fraction,
-                                   free_memory_bytes=h.free_memory_bytes, memory_bytes=h.memory_bytes,
-                                   pending_sessions=len(pending),
-                                   pending_busy_fraction=sum(p.busy_fraction for p in pending),
-                                   pending_state_bytes=sum(p.state_bytes for p in pending)))
-        return FleetView(hosts=hosts)
 
     # ------------------------------------------------------------ placing and recording
 
@@ -360,33 +349,8 @@ class AdmissionService(Service):
         return self.hosts.followed()
 
     async def _owned_view(self, r: SessionRecord) -> SessionStatus:
-        """The view with fence's owner as the log last said (a hint; no read decides anything)."""
-        view = self._view(r)
-        if r.state != "placed":
-            return view
-        try:
-            tail = await read_owner(self.js, r.session_id)
-        except StatefleetError as e:
-            self.log.info("owner_unread", session_id=r.session_id, code=e.code)
-            return view
-        owner, claim = tail.view.owner, tail.view.claim
-        if owner is not None:
-            view = msgspec.structs.replace(view, owner_server_id=owner.server_id, owner_version=owner.version,
-                                           claimed=claim == owner, owner_state=await self._owner_state(r.session_id))
-        return view
-
-    async def _owner_state(self, session_id: str) -> str:
-        """The `sf_sessions` word on the owner; never `serving` while its host process is not live."""
-        try:
-            kv = await self.js.key_value(names.SESSIONS_BUCKET)
-            summary = decode((await kv.get(session_id)).value, SessionSummary)
-        except (nats.errors.Error, StatefleetError):
-            return ""
-        if summary.state == "serving":
-            host = next((h for h in self._live() if h.host_id == summary.owner_server_id), None)
-            if host is None or summary.owner_incarnation not in ("", host.incarnation):
-                return "owner_dead"
-        return summary.state
+        position = self.core.position(r.session_id) if r.state == "queued" else 0
+        return await views.owned_status(self.js, r, position, self._live(), self.log)
 
     # ------------------------------------------------------------ host lifecycle (admin; placement decides)
 
@@ -401,32 +365,6 @@ class AdmissionService(Service):
     async def undrain_host(self, host_id: str) -> HostInfo:
         return await bus.request(self.nc, names.PLACEMENT_UNDRAIN, HostRequest(host_id=host_id), HostInfo,
                                  timeout_s=self.config.place_timeout_s)
-
-    def _view(self, r: SessionRecord) -> SessionStatus:
-        est = r.verdict.estimates[0] if r.verdict.estimates else None
-        end = r.placed_at or (r.updated_at if r.state == "timed_out" else time.time())
-        metrics = AdmissionMetrics(queue_wait_s=max(0.0, end - r.created_at),
-                                 tier=est.tier if est else 0,
-                                 busy_fraction=r.demand.busy_fraction if r.demand else 0.0,
-                                 state_bytes=r.demand.state_bytes if r.demand else 0)
-        verdict = r.verdict
-        if r.state == "queued":
-            verdict = msgspec.structs.replace(verdict, queue_position=self.core.position(r.session_id))
-        return SessionStatus(session_id=r.session_id, state=r.state, backend=r.backend, contract=r.contract,
-                           host_id=r.host_id, verdict=verdict, metrics=metrics, created_at=r.created_at,
-                           updated_at=r.updated_at)
-
-
-def init_limits(backend: str, hosts: list[EngineEntry]) -> tuple[set[str] | None, int]:
-    """The init kinds every live host that serves `backend` starts a session from, and the fewest
-    init bytes any of them takes (a session must start wherever it is placed or failed over to).
-    Nothing known (no host says): (None, 0), and only the form and the bus-wide cap are checked."""
-    rows = [r for h in hosts for r in h.profile if r.backend == backend and r.init_kinds]
-    if not rows:
-        return None, 0
-    kinds = set.intersection(*(set(r.init_kinds) for r in rows))
-    return kinds, min((r.max_init_bytes for r in rows if r.max_init_bytes), default=0)
-
 
 def _rejection(verdict: AdmissionVerdict) -> StatefleetError:
     """The error a rejected create answers with; it carries the verdict (and its estimates) to the client."""
