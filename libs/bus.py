@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
@@ -297,3 +298,34 @@ async def subscribe_events(
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
     """Error fields as msgpack-safe values."""
     return {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v) for k, v in fields.items()}
+
+
+def typed_error(e: BaseException) -> errors.StatefleetError | None:
+    """`e` as our typed error: a bus timeout or lost connection (nats-py's own errors, or a bare
+    TimeoutError) is the retryable `Unavailable`; anything else that is not ours is None."""
+    if isinstance(e, errors.StatefleetError):
+        return e
+    if isinstance(e, (nats.errors.Error, TimeoutError, ConnectionError)):
+        return errors.Unavailable(f"bus: {type(e).__name__}: {e}")
+    return None
+
+
+async def retry_transient(attempt: Callable[[], Awaitable[R]], deadline: float,
+                          on_retry: Callable[[errors.StatefleetError], None]) -> R:
+    """`await attempt()`, retried with backoff while it fails retryably and the monotonic `deadline`
+    allows; the last failure (or any other) surfaces as a typed error."""
+    pause = 0.05
+    while True:
+        try:
+            return await attempt()
+        except Exception as e:
+            error = typed_error(e)
+            if error is None:
+                raise
+            if not error.retryable or time.monotonic() + pause > deadline:
+                if error is e:
+                    raise
+                raise error from e
+            on_retry(error)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 2.0)

@@ -355,15 +355,8 @@ class Lease:
                                      session_id=self.session_id) from None
 
 
+
 async def _retrying(attempt, deadline: float, session_id: str):
-    """`await attempt()`, retried with backoff while it fails transiently and `deadline` allows."""
-    pause = 0.05
-    while True:
-        try:
-            return await attempt()
-        except (errors.Unavailable, errors.Timeout) as e:
-            if time.monotonic() + pause > deadline:
-                raise
-            _log.warning("fence_unavailable_retry", session_id=session_id, detail=e.detail)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)
+    """`await attempt()`, retried through transient bus failures while `deadline` allows."""
+    return await bus.retry_transient(attempt, deadline, lambda e: _log.warning(
+        "fence_unavailable_retry", session_id=session_id, detail=e.detail))

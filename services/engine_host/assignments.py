@@ -31,12 +31,11 @@ from collections import deque
 from typing import Protocol
 
 import msgspec
-import nats.errors
 import structlog
 
-from libs import logs
+from libs import bus, logs
 from libs.contracts import Contract
-from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetError, Unavailable
+from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetError
 from libs.fence.block_journal import BlockJournal
 from libs.fence.client import EngineClient, Lease
 from libs.fence.replay import replay_plan
@@ -52,15 +51,6 @@ BUSY_BACKOFF_S = 0.005
 REPORT_EVERY_S = 0.5
 TAKE_RETRY_S = 60.0
 
-
-def as_statefleet_error(e: BaseException) -> StatefleetError | None:
-    """A failure of taking a session as our typed error; a bus timeout or lost connection (raised by
-    nats-py as its own errors, or as a bare TimeoutError) is the retryable `Unavailable`."""
-    if isinstance(e, StatefleetError):
-        return e
-    if isinstance(e, (nats.errors.Error, TimeoutError, ConnectionError)):
-        return Unavailable(f"bus: {type(e).__name__}: {e}")
-    return None
 
 
 def open_spec(meta: SessionMeta) -> OpenSession:
@@ -185,20 +175,8 @@ class Assignments:
         """`await step()`, retried while the bus fails it transiently (a leader election, a lost
         answer) for up to `TAKE_RETRY_S`: giving up would leave the session assigned here and served
         by nobody. Other errors, and the last transient one, surface as `StatefleetError`."""
-        deadline = time.monotonic() + TAKE_RETRY_S
-        pause = 0.05
-        while True:
-            try:
-                return await step()
-            except Exception as e:
-                error = as_statefleet_error(e)
-                if error is None:
-                    raise
-                if not error.retryable or time.monotonic() + pause > deadline:
-                    raise error from e
-                log.warning("take_retry", session_id=sid, version=version, code=error.code, detail=error.detail)
-                await asyncio.sleep(pause)
-                pause = min(2 * pause, 2.0)
+        return await bus.retry_transient(step, time.monotonic() + TAKE_RETRY_S, lambda e: log.warning(
+            "take_retry", session_id=sid, version=version, code=e.code, detail=e.detail))
 
     async def _install(self, meta: SessionMeta) -> int:
         """Make the session live here, gated; return the input cursor its state reflects."""
