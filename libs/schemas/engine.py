@@ -127,6 +127,7 @@ class SessionMetrics(Msg):
     media_s_per_block: float
     rtf_p95: float  # p95 chunk period / chunk media duration (< 1: faster than real time)
     stages: list[StageTiming] = []
+    playout_hold_p95_ms: float = 0.0  # C1: how long a block waited for its playout point (playout.py)
     idle: list[IdleInterval] = []
 
 

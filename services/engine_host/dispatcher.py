@@ -75,9 +75,11 @@ class Dispatcher:
             assert s is not None  # the scheduler holds a task only for a session in the table
             self._note_wait(s, now, deadline)
             taken = s.take_pending()
+            task = self.sched.tasks[sid]
+            release = deadline - task.period_s if task.cls == "C1" and math.isfinite(deadline) else None
             # every accepted item is in `taken` or was skipped (refused by the backend, no effect on
             # state), so the block's state reflects the whole input cursor
-            items.append(self._item(s, taken, s.input_cursor, d.tier))
+            items.append(self._item(s, taken, s.input_cursor, d.tier, release=release))
         await self._submit(items, d, now)
 
     async def submit_exact(self, s: Session, block: ConsumedBlock) -> None:
@@ -90,12 +92,12 @@ class Dispatcher:
         await self._submit([self._item(s, taken, block.last_seq, block.tier, replayed=True)], d, now)
 
     def _item(self, s: Session, taken: list[Pending], last_seq: int, tier: int, *,
-              replayed: bool = False) -> Item[BlockJob]:
+              replayed: bool = False, release: float | None = None) -> Item[BlockJob]:
         s.busy = True
         s.idle.clear()
         s.pipe_seq += 1
         job = BlockJob(session=s, inputs=[p.parsed for p in taken], last_seq=last_seq,
-                       accepted_at=[p.accepted_at for p in taken], tier=tier, replayed=replayed)
+                       accepted_at=[p.accepted_at for p in taken], tier=tier, replayed=replayed, release=release)
         return Item(sid=s.sid, seq=s.pipe_seq, epoch=0, data=job)
 
     async def _submit(self, items: list[Item[BlockJob]], d: Dispatch, now: float) -> None:

@@ -41,7 +41,8 @@ RETRY_S = 0.05
 # last record before it serves input (a second of input delay after a failover, at most).
 QUIET_BLOCKS = 25
 
-PublishBlock = Callable[[int, Output, bool, int], Awaitable[None]]  # block, output, replayed, last input seq
+# block, output, replayed, last input seq, release (a C1 block's, for its playout point)
+PublishBlock = Callable[[int, Output, bool, int, float | None], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class Finished:
     consumed: ConsumedBlock
     output: Output | None
     replayed: bool  # regenerated from the journal: recorded already, published marked
+    release: float | None = None  # a C1 block's release: it is published at its playout point
 
 
 class OutputJournal:
@@ -112,7 +114,7 @@ class OutputJournal:
                 for b in batch:
                     self._last = b.consumed
                     if b.output is not None:
-                        await self.publish(b.consumed.block, b.output, b.replayed, b.consumed.last_seq)
+                        await self.publish(b.consumed.block, b.output, b.replayed, b.consumed.last_seq, b.release)
             if self.fenced.is_set():
                 self._queue.clear()
             if not self._queue:

@@ -23,6 +23,7 @@ from services.engine_host.backends.base import init_kinds, max_init_bytes
 from services.engine_host.costs import Backends, shape_of
 from services.engine_host.metrics import SessionStats
 from services.engine_host.pipeline import StagePipeline
+from services.engine_host.playout import Playout
 from services.engine_host.scheduler import Dispatch, EdfScheduler, Task
 from services.engine_host.session import SID_RE, Session, SessionTable
 from services.engine_host.stages import BlockJob
@@ -36,7 +37,8 @@ JOURNAL_DRAIN_S = 5.0  # a drained close waits this long for the journal (the bu
 class Lifecycle:
     def __init__(self, sessions: SessionTable, backends: Backends, sched: EdfScheduler,
                  pipeline: StagePipeline[BlockJob, Dispatch], *, max_sessions: int, in_thread: InThread,
-                 clock: Callable[[], float], wake: Callable[[], None], gate: Callable[[Session], None]) -> None:
+                 clock: Callable[[], float], wake: Callable[[], None], gate: Callable[[Session], None],
+                 c1_pacing: bool = True) -> None:
         self.sessions = sessions
         self.backends = backends
         self.sched = sched
@@ -46,6 +48,7 @@ class Lifecycle:
         self.clock = clock
         self.wake = wake
         self.gate = gate
+        self.c1_pacing = c1_pacing
         self._background: set[asyncio.Task[None]] = set()
 
     def validate_open(self, spec: OpenSession) -> Backend:
@@ -84,6 +87,8 @@ class Lifecycle:
         s = Session(spec=spec, backend=backend, shape=shape_of(backend), state=state,
                     stats=SessionStats(spec.session_id, spec.backend, backend.media_s_per_block, now),
                     last_end=now)
+        if spec.session_class == "C1" and self.c1_pacing:
+            s.playout = Playout(spec.period_ms / 1000)
         s.idle.set()
         await self.pipeline.open(spec.session_id)
         ladder = tuple(t for t in backend.tiers if t >= (spec.quality_floor or backend.tiers[0]))

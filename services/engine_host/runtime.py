@@ -72,7 +72,7 @@ class EngineRuntime:
                  max_in_flight: int = 2, guard_s: float = 0.002, max_sessions: int = 64,
                  edge_capacity: int = 2, clock: Callable[[], float] = time.monotonic,
                  rebuild_policy: RebuildPolicy = "auto", move_wire_bps: float = 1.25e9,
-                 gate_moved_in: bool = False) -> None:
+                 gate_moved_in: bool = False, c1_pacing: bool = True) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:  # tensors report an indexed device
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -95,7 +95,7 @@ class EngineRuntime:
         self.boundaries = Boundaries(self.sched, clock, wake)
         self.lifecycle = Lifecycle(self.sessions, self.backends, self.sched, self.pipeline,
                                    max_sessions=max_sessions, in_thread=self.in_thread, clock=clock, wake=wake,
-                                   gate=self.boundaries.gate)
+                                   gate=self.boundaries.gate, c1_pacing=c1_pacing)
         self.sink = OutputSink(publish, self.costs, fail=self.lifecycle.fail, clock=clock)
         self.rebuilds = RebuildChoice(rebuild_policy, move_wire_bps)
         self.endpoint = HostEndpoint(self.sessions, self.backends, self.lifecycle, self.boundaries,

@@ -74,6 +74,9 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # "rebuild" never sends them, "send" always does (docs/backends.md, "Rebuild or send").
     rebuild_policy: Literal["auto", "rebuild", "send"] = "auto"
     move_wire_bps: PositiveFloat = 1.25e9
+    # C1 output at a playout point on the release grid (playout.py): an even period for the viewer, at
+    # the price of the hold in control-to-output latency (at most a period). false: publish when done.
+    c1_pacing: bool = True
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -134,7 +137,7 @@ class EngineHostService(Service):
                                      backend_configs=configs, registry=Registry(cfg.backend_sources),
                                      max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,
                                      rebuild_policy=cfg.rebuild_policy, move_wire_bps=cfg.move_wire_bps,
-                                     max_sessions=cfg.max_sessions, gate_moved_in=True)
+                                     max_sessions=cfg.max_sessions, gate_moved_in=True, c1_pacing=cfg.c1_pacing)
         self.backend_infos = await self.runtime.in_thread(self.runtime.backend_infos)
         self.profile = await self.runtime.in_thread(self._measure_profile)
         self.runtime.seed_costs(self.profile)

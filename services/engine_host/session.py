@@ -22,6 +22,7 @@ from libs.schemas.common import InputItem
 from libs.schemas.engine import OpenSession, SessionDescriptor, SessionInfo
 from services.engine_host.backends import Backend
 from services.engine_host.metrics import SessionStats
+from services.engine_host.playout import Playout
 from services.engine_host.scheduler import Task
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class Session:
     rejected_inputs: int = 0
     last_rejected: Rejected | None = None
     journal: OutputJournal | None = None  # a fenced session's output gate (see journal.py); None: publish at once
+    playout: Playout | None = None  # a C1 session's output pacing (see playout.py)
 
     @property
     def sid(self) -> str:

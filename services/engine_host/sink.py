@@ -62,25 +62,37 @@ class OutputSink:
         s = job.session
         consumed = ConsumedBlock(block=s.blocks_done + 1, first_seq=s.consumed_seq + 1, last_seq=job.last_seq,
                                  tier=job.tier)
-        s.stats.output(now, job.accepted_at, stage_ms, block_media_s(s.backend, s.blocks_done))
+        s.stats.output(now, job.accepted_at, stage_ms)
         s.blocks_done += 1
         s.consumed_seq = job.last_seq
         if s.journal is not None:
-            s.journal.add(Finished(consumed, job.output, job.replayed))
+            s.journal.add(Finished(consumed, job.output, job.replayed, job.release))
             if s.journal.backlog >= MAX_JOURNAL_BACKLOG:
                 await s.journal.flushed()
         elif job.output is not None:
             await self.publish_block(s, s.blocks_done, job.output, False, job.last_seq)
         s.block_finished(now)
 
-    async def publish_block(self, s: Session, block: int, output: Output, replayed: bool, input_seq: int) -> None:
+    async def publish_block(self, s: Session, block: int, output: Output, replayed: bool, input_seq: int,
+                            release: float | None = None) -> None:
         """Output is a stream for a live viewer: a chunk the bus cannot take is dropped and counted,
-        never allowed to stop the session (its state already advanced) or the sink."""
+        never allowed to stop the session (its state already advanced) or the sink. A C1 block with
+        its `release` (passed only from the session's own journal task, which may wait) is held to
+        its playout point (playout.py)."""
+        media_s = block_media_s(s.backend, block - 1)
         if self.publish is None:
+            s.stats.published(self.clock(), media_s)
             return
         # PNG encoding is host-side work, not the device's: it runs in a thread here, after the block's
         # stages, so it neither holds the event loop nor counts in the quantum cost the scheduler learns.
         encoded = await asyncio.to_thread(wire.encode, output)
+        if release is not None and s.playout is not None:
+            ready = self.clock()
+            hold = s.playout.point(release, ready) - ready
+            s.stats.held(hold)
+            if hold > 0:
+                await asyncio.sleep(hold)
+        s.stats.published(self.clock(), media_s)
         try:
             for chunk in wire.chunks(s.sid, block, encoded, media_s=s.backend.media_s_per_block,
                                      input_seq=input_seq, replayed=replayed):

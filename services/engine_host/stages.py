@@ -35,6 +35,7 @@ class BlockJob:
     accepted_at: list[float]
     tier: int = 0  # denoise steps it ran at (recorded, so a regenerated block runs at the same)
     replayed: bool = False  # a regeneration of a block recorded in the journal
+    release: float | None = None  # a C1 block's release on its grid: its output is paced from it (playout.py)
     carry: Any = None  # what one stage hands the next (the backend's own type)
     output: Output | None = None
     leaves: LeafSnapshot | None = None  # the state's tensor leaves as the block found them

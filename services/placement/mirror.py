@@ -40,6 +40,12 @@ class KvMirror(Generic[M]):
         self._caught_up = False  # the current watch has delivered every existing key
         self._reconnects = -1  # the connection's reconnect count when the current watch opened
 
+    def wrote(self, key: str, value: M) -> None:
+        """A value this process has just written: held now rather than once the watch delivers it, so
+        this process's next decision sees its own last one. (A delivery of an older value may briefly
+        show meanwhile; what the mirror holds is a hint either way.)"""
+        self.values[key] = value
+
     @property
     def current(self) -> bool:
         return self._caught_up and self.nc.is_connected and self.nc.stats["reconnects"] == self._reconnects

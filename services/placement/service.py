@@ -94,6 +94,7 @@ class PlacementService(Service):
         self._wake = asyncio.Event()  # a death or a new host: sweep now
         self._heard = asyncio.Event()  # a heartbeat moved a liveness deadline
         self._placed: dict[str, Placement] = {}
+        self._placing = asyncio.Lock()  # see _on_place
         self._specs: dict[str, tuple[Contract, str]] = {}  # session → (contract, backend): never changes
         self._orphans: set[str] = set()
         engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, replicas=cfg.nats_replicas,
@@ -294,13 +295,20 @@ class PlacementService(Service):
     # ------------------------------------------------------------ verbs
 
     async def _on_place(self, req: PlaceRequest) -> Placement:
-        """First fit for a new session, reserved by CAS; a retry gets the same host while it is reserved."""
+        """The least busy fitting host for a new session (`capacity.by_room`), reserved by CAS; a retry
+        gets the same host while it is reserved."""
+        # One placement at a time per instance, each seeing the last one's reservation (`wrote`): placed
+        # concurrently from one view, a burst of sessions would all go to the host that was least busy.
+        async with self._placing:
+            return await self._place_one(req)
+
+    async def _place_one(self, req: PlaceRequest) -> Placement:
         sid = req.session_id
         done = self._placed.get(sid)
         if done is not None and sid in self.hosts.values.get(done.host_id, HostRecord(host_id="")).sessions:
             return done
         self._specs[sid] = (req.contract, req.backend)
-        ests = capacity.in_order(req.contract, req.backend, self.live_hosts(), self.hosts.values, req.guard,
+        ests = capacity.by_room(req.contract, req.backend, self.live_hosts(), self.hosts.values, req.guard,
                                  self.config.reservation_settle_s)
         for est in (e for e in ests if e.fits):
             host = self.liveness.entry(est.host_id)
@@ -317,10 +325,11 @@ class PlacementService(Service):
                 return capacity.reserve(record, sid, fresh, host.incarnation, time.time())
 
             try:
-                await device_cas.reserve(self.records, host, self.live_hosts(), self.config.reservation_settle_s,
-                                         sid, take)
+                record = await device_cas.reserve(self.records, host, self.live_hosts(),
+                                                  self.config.reservation_settle_s, sid, take)
             except Rejected:
                 continue  # filled up since the mirror showed it: the next host in order
+            self.hosts.wrote(est.host_id, record)
             placement = Placement(session_id=sid, host_id=est.host_id, estimate=est, incarnation=host.incarnation)
             self._placed[sid] = placement
             self.log.info("placed", session_id=sid, host_id=est.host_id, busy_fraction=est.busy_fraction)

@@ -1,4 +1,4 @@
-"""Capacity reservations (services/placement/capacity.py): first fit, most room, and concurrent placers that
+"""Capacity reservations (services/placement/capacity.py): least busy first, and concurrent placers that
 only ever write by compare-and-set on a host record's revision never over-commit a host."""
 
 from __future__ import annotations
@@ -22,40 +22,63 @@ def first(ests):
     return next((e for e in ests if e.fits), None)
 
 
-def test_first_fit_in_host_id_order_lists_every_reason():
-    hosts = [host("h2"), host("h0", busy=0.85), host("h1")]
-    ests = capacity.in_order(c1(), "world", hosts, {}, GUARD, SETTLE)
-    assert [(e.host_id, e.reason) for e in ests] == [("h0", "busy"), ("h1", ""), ("h2", "")]
-    assert first(ests).host_id == "h1" and first(ests).busy_fraction == pytest.approx(0.1)
+def test_least_busy_first_lists_every_reason():
+    hosts = [host("h2"), host("h0", busy=0.85), host("h1", busy=0.3)]
+    ests = capacity.by_room(c1(), "world", hosts, {}, GUARD, SETTLE)
+    assert [(e.host_id, e.reason) for e in ests] == [("h2", ""), ("h1", ""), ("h0", "busy")]
+    assert first(ests).host_id == "h2" and first(ests).busy_fraction == pytest.approx(0.1)
 
 
-def test_reservations_fill_a_host_before_the_next_and_settle_once_heartbeats_show_them():
-    hosts, records = [host("h0", busy=0.6, at=1000.0), host("h1", at=1000.0)], {}
+def test_reservations_spread_sessions_and_settle_once_heartbeats_show_them():
+    hosts, records = [host("h0", busy=0.6, at=1000.0), host("h1", busy=0.3, at=1000.0)], {}
     chosen = []
-    for i in range(5):
-        est = first(capacity.in_order(c1(), "world", hosts, records, GUARD, SETTLE))
+    for i in range(7):
+        est = first(capacity.by_room(c1(), "world", hosts, records, GUARD, SETTLE))
         records[est.host_id] = capacity.reserve(records.get(est.host_id) or HostRecord(host_id=est.host_id),
                                                 f"s{i}", est, "inc", 1000.0)
         chosen.append(est.host_id)
-    assert chosen == ["h0", "h0", "h0", "h1", "h1"]  # 0.6 + 3 × 0.1 = 0.9 fills h0
-    # h0's own heartbeat, taken after the settle time, shows its three sessions: no double count.
-    settled = host("h0", busy=0.9, at=1000.0 + SETTLE)
+    # h1 fills to h0's load, then they alternate (ties: fewer sessions); 0.9 fills each
+    assert chosen == ["h1", "h1", "h1", "h0", "h1", "h0", "h1"]
+    # h0's own heartbeat, taken after the settle time, shows its sessions: no double count.
+    settled = host("h0", busy=0.8, at=1000.0 + SETTLE)
     assert capacity.pending(records["h0"], settled, SETTLE) == []
-    assert capacity.fit(c1(), "world", settled, records["h0"], GUARD, SETTLE).reason == "busy"
+    assert capacity.fit(c1(), "world", settled, records["h0"], GUARD, SETTLE).fits
+
+
+def test_sessions_spread_over_devices_but_not_over_the_hosts_of_one_device():
+    """h0 and h1 share machine m's CPU (h1 already serves 2 sessions), h2 is alone on machine n. New
+    sessions alternate between the two devices by load; on m they all go to h1, whose scheduler then
+    sees every deadline on that CPU. Neither a share h0 measured 3 % cheaper nor the pooled sums'
+    last bits may send them to h0."""
+    import msgspec
+
+    def at(h, machine):
+        return msgspec.structs.replace(h, machine=machine, device="cpu")
+
+    cheaper = rows(tiers={4: 9.7, 8: 19.4, 16: 38.8})
+    hosts = [at(host("h0", busy=0.1, at=1000.0, profile=cheaper), "m"),
+             at(host("h1", busy=0.1, sessions=2, at=1000.0), "m"), at(host("h2", busy=0.2, at=1000.0), "n")]
+    records, chosen = {}, []
+    for i in range(6):
+        est = first(capacity.by_room(c1(), "world", hosts, records, GUARD, SETTLE))
+        records[est.host_id] = capacity.reserve(records.get(est.host_id) or HostRecord(host_id=est.host_id),
+                                                f"s{i}", est, "inc", 1000.0)
+        chosen.append(est.host_id)
+    assert chosen.count("h0") == 0 and chosen.count("h1") == 3 and chosen.count("h2") == 3
 
 
 def test_a_draining_host_takes_nothing_and_most_room_spreads():
     hosts = [host("h0"), host("h1", busy=0.5), host("h2", busy=0.2)]
     records = {"h0": HostRecord(host_id="h0", state="draining")}
     best, ests = capacity.most_room(c1(), "world", hosts, records, GUARD, SETTLE)
-    assert best.host_id == "h2" and ests[0].reason == "draining"
+    assert best.host_id == "h2" and ests[-1].reason == "draining"
     best, _ = capacity.most_room(c1(), "world", hosts, records, GUARD, SETTLE, exclude=["h2"])
     assert best.host_id == "h1"
 
 
 def test_no_fit_names_each_host_reason():
     hosts = [host("h0", busy=0.85), host("h1", free=3 * GIB), host("h2", profile=rows(backend="avatar"))]
-    ests = capacity.in_order(c1(), "world", hosts, {}, GUARD, SETTLE)
+    ests = capacity.by_room(c1(), "world", hosts, {}, GUARD, SETTLE)
     assert [e.reason for e in ests] == ["busy", "memory", "no_profile"]
 
 
@@ -120,7 +143,7 @@ def todo_all(periods):
     return [(f"s{i}", c1(period_ms=p)) for i, p in enumerate(periods)]
 
 
-def test_hosts_on_one_device_split_it_in_first_fit_and_most_room():
+def test_hosts_on_one_device_split_it_in_placement_and_most_room():
     """h0 and h1 share machine m's CPU (0.4 + 0.3 busy, and a 0.1 reservation on h1 its heartbeat does not
     show yet): a 0.2 session fits neither; h2 on another machine takes it."""
     import msgspec
@@ -132,7 +155,7 @@ def test_hosts_on_one_device_split_it_in_first_fit_and_most_room():
 
     hosts = [at(host("h0", busy=0.4), "m"), at(host("h1", busy=0.3), "m"), at(host("h2", busy=0.5), "n")]
     records = {"h1": HostRecord(host_id="h1", sessions={"x": Reserved(busy_fraction=0.1, state_bytes=0, at=1000.0)})}
-    ests = capacity.in_order(c1(floor=8), "world", hosts, records, GUARD, SETTLE)
-    assert [(e.host_id, e.reason) for e in ests] == [("h0", "busy"), ("h1", "busy"), ("h2", "")]
+    ests = capacity.by_room(c1(floor=8), "world", hosts, records, GUARD, SETTLE)
+    assert [(e.host_id, e.reason) for e in ests] == [("h2", ""), ("h0", "busy"), ("h1", "busy")]
     best, _ = capacity.most_room(c1(floor=8), "world", hosts, records, GUARD, SETTLE)
     assert best is not None and best.host_id == "h2"

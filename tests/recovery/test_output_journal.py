@@ -38,7 +38,7 @@ async def test_no_output_leaves_before_the_journal_says_what_it_was(nc):
     writer, _ = await BlockJournal.take(js, "s1", Owner(server_id="a", version=1))
     shown: list[int] = []
 
-    async def publish(block: int, output: Output, replayed: bool, last_seq: int) -> None:
+    async def publish(block: int, output: Output, replayed: bool, last_seq: int, release: float | None) -> None:
         plan = await journal_says(js, "s1")  # what a replacement taking over now would regenerate
         assert len(plan) >= block and plan[block - 1] == expected[block - 1], f"block {block} left unrecorded"
         shown.append(block)
@@ -65,7 +65,7 @@ async def test_a_sealed_journal_lets_out_only_what_the_new_owner_regenerates_ide
     shown: list[ConsumedBlock] = []
     expected = blocks(6)  # block 7 consumes an item
 
-    async def publish(block: int, output: Output, replayed: bool, last_seq: int) -> None:
+    async def publish(block: int, output: Output, replayed: bool, last_seq: int, release: float | None) -> None:
         shown.append(expected[block - 1])
 
     old = OutputJournal(writer, publish, quiet_blocks=4)
