@@ -114,6 +114,7 @@ class FleetController:
             owners=owners, specs=specs, busy=dict(self.busy), path_bps=cfg.path_bps,
             settle_s=cfg.reservation_settle_s, provisioning=self._provisioning(entries, now),
             arrivals_per_s=self.arrivals.rate(svc.sessions.values, now, cfg.arrival_window_s),
+            admissions=list(svc.admissions.values.values()),
             last_scale_out_at=self.last_scale_out_at, last_scale_in_at=self.last_scale_in_at), self.activity)
         self.activity.forget_except({s.session_id for s in fleet.sessions} | set(self.busy))
         decision = decide(fleet, cfg.params(svc.guard), rebalancing=cfg.rebalance,

@@ -10,10 +10,11 @@ or a hand-over is not the session). What no message carries, the controller reme
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from libs.contracts import Contract, floor_row
+from libs.schemas.admission import SessionRecord
 from libs.schemas.common import EngineEntry
 from libs.schemas.engine import SessionInfo
 from libs.schemas.placement import HostRecord
@@ -98,6 +99,7 @@ class Inputs:
     arrivals_per_s: float = 0.0
     last_scale_out_at: float = float("-inf")
     last_scale_in_at: float = float("-inf")
+    admissions: Sequence[SessionRecord] = ()  # admission's records: its queue is sessions no host fits yet
 
 
 def snapshot(x: Inputs, activity: Activity) -> Fleet:
@@ -119,6 +121,8 @@ def snapshot(x: Inputs, activity: Activity) -> Fleet:
             spec = x.specs.get(info.session_id)
             if spec is not None:
                 sessions.append(_session(info, seen, spec, entry, x))
+    queue = sorted((r for r in x.admissions if r.state == "queued"), key=lambda r: (r.created_at, r.session_id))
+    sessions += [_queued(r, x.now) for r in queue]
     return Fleet(now=x.now, hosts=hosts, sessions=tuple(sessions), paths=PathRates(default_bps=x.path_bps),
                  provisioning=x.provisioning, arrivals_per_s=x.arrivals_per_s, last_scale_out_at=x.last_scale_out_at,
                  last_scale_in_at=x.last_scale_in_at)
@@ -137,6 +141,14 @@ def _session(info: SessionInfo, seen: Seen, spec: tuple[Contract, str], entry: E
                    host_id=entry.host_id, state_bytes=info.state_bytes,
                    dirty_rate_bps=dirty_rate_bps(contract, backend, entry), last_input_at=seen.last_input_at,
                    suspended_at=seen.suspended_at, moves=tuple(seen.moves))
+
+
+def _queued(r: SessionRecord, now: float) -> Session:
+    """A session admission queues: the policies try to place it (admission places it itself once a host
+    fits), and what still fits nowhere makes the autoscaler ask for hosts."""
+    state_bytes = max((e.state_bytes for e in r.verdict.estimates), default=0)
+    return Session(session_id=r.session_id, backend=r.backend, contract=r.contract, state="queued",
+                   state_bytes=state_bytes, last_input_at=now)
 
 
 def dirty_rate_bps(contract: Contract, backend: str, entry: EngineEntry) -> float:

@@ -27,6 +27,7 @@ from libs.config import PositiveFloat, PositiveInt
 from libs.contracts import Contract, Guard
 from libs.errors import Conflict, NotFound, Rejected, StatefleetError
 from libs.fence.ownership import assign, read_owner, update_summary
+from libs.schemas.admission import SessionRecord
 from libs.schemas.common import EngineEntry, SessionSummary
 from libs.schemas.fence import MetaRequest, Owner, SessionMeta, SessionView
 from libs.schemas.placement import (
@@ -106,10 +107,14 @@ class PlacementService(Service):
                                 on_change=self._on_engine)
         self.hosts = KvMirror(self.nc, capacity_kv, HostRecord, silence_s=cfg.watch_silence_s)
         self.sessions = KvMirror(self.nc, sessions_kv, SessionSummary, silence_s=cfg.watch_silence_s)
-        for mirror, what in ((self.engines, "engines"), (self.hosts, "hosts"), (self.sessions, "sessions")):
+        # admission's records: its queue (sessions no host fits yet) is load the autoscaler must see
+        admission_kv = await bus.ensure_kv(self.js, names.ADMISSION_BUCKET, replicas=cfg.nats_replicas)
+        self.admissions = KvMirror(self.nc, admission_kv, SessionRecord, silence_s=cfg.watch_silence_s)
+        for mirror, what in ((self.engines, "engines"), (self.hosts, "hosts"), (self.sessions, "sessions"),
+                             (self.admissions, "admissions")):
             self.spawn(mirror.run(), f"mirror_{what}")
         async with asyncio.timeout(cfg.nats_connect_timeout_s + cfg.watch_silence_s):
-            for mirror in (self.engines, self.hosts, self.sessions):
+            for mirror in (self.engines, self.hosts, self.sessions, self.admissions):
                 await mirror.ready.wait()
         self.drainer = Drainer(self)
         lease_kv = await bus.ensure_kv(self.js, names.PLACEMENT_LEASE_BUCKET, replicas=cfg.nats_replicas)

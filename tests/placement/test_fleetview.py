@@ -73,3 +73,30 @@ def test_arrivals_count_new_sessions_over_the_window_and_none_at_first_sight():
         now=0.0, wall_now=0.0, entries=[host("h0")], records={}, sessions={}, owners={}, specs={}, busy={},
         path_bps=1e9, settle_s=6.0, arrivals_per_s=0.3), fleetview.Activity())
     assert fleet.arrivals_per_s == 0.3
+
+
+def test_admission_s_queue_is_load_the_autoscaler_scales_out_for():
+    """A session admission queues because no host fits it now (here: memory) is in the snapshot: the
+    policies try to place it, and since it fits nowhere the autoscaler asks for a host, although the
+    fleet's device utilisation alone (0.1) is far below the band. Without it, nothing would scale."""
+    from libs.contracts import Estimate
+    from libs.schemas.admission import AdmissionVerdict, SessionRecord
+    from services.placement.policy import ScaleOut
+
+    full = [host(h, busy=0.1, free=1 << 30) for h in ("h0", "h1")]  # a session takes 2 GiB
+    why = [Estimate(host_id=h.host_id, fits=False, reason="memory", state_bytes=2 << 30) for h in full]
+    waiting = SessionRecord(session_id="q", backend="world", contract=c1(), seed=1, prompt="", state="queued",
+                            verdict=AdmissionVerdict(outcome="queued", estimates=why), created_at=1.0, updated_at=1.0)
+    placed = msgspec.structs.replace(waiting, session_id="p", state="placed")
+
+    def scale_outs(admissions):
+        fleet = fleetview.snapshot(fleetview.Inputs(
+            now=0.0, wall_now=1000.0, entries=full, records={}, sessions={}, owners={}, specs={}, busy={},
+            path_bps=1e9, settle_s=6.0, admissions=admissions), fleetview.Activity())
+        return [a for a in decide(fleet, PARAMS).actions if isinstance(a, ScaleOut)], fleet
+
+    outs, fleet = scale_outs([waiting])
+    assert [(s.session_id, s.state, s.state_bytes) for s in fleet.sessions] == [("q", "queued", 2 << 30)]
+    assert outs and outs[0].count >= 1
+    assert scale_outs([])[0] == []
+    assert scale_outs([placed])[0] == []  # placed: its host's reservation counts, not admission's queue
