@@ -147,7 +147,7 @@ def permissions(user: str) -> Permissions:
              # the fleet controller: its lease, and the engine verbs it reads load from and offloads with
              *_js_admin(_kv(names.PLACEMENT_LEASE_BUCKET)), f"$KV.{names.PLACEMENT_LEASE_BUCKET}.>",
              *(names.engine_subject("*", verb) for verb in ("status", "suspend", "resume"))],
-            [names.service_subjects("placement")],
+            [names.service_subjects("placement"), names.MOVE_RECEIPT_SUBJECTS],  # receipts: measured path rates
         ),
         "mover": (
             [*_js_admin(names.MOVES_STREAM), *_js_admin(_kv(names.MOVES_INFLIGHT_BUCKET)),

@@ -168,6 +168,7 @@ class MoveReceipt(Msg):
     at: float = 0.0
     staging: str = ""  # the destination slot's memory: "pool", "device", or "fresh: <why the pool could not>"
     transport: str = ""  # the transport the move took (inprocess, shm, tcp, mooncake)
+    transfer_s: float = 0.0  # the copy's wall time: wire_bytes / transfer_s is the path's measured rate
 
 
 class MoveStarted(Msg):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from libs import admissibility
+from libs.path_ewma import PathEwma
 from libs.schemas.motion import MoveRequest
 
 
@@ -29,21 +30,12 @@ class Decision:
 @dataclass(slots=True)
 class MovePlanner:
     prior_bps: float  # assumed rate of a path with no completed move yet
-    alpha: float = 0.3  # EWMA weight of the newest observation
+    paths: PathEwma = field(default_factory=PathEwma)  # measured rates of completed moves
     setup_s: float = 0.0
-    rates: dict[tuple[str, str], float] = field(default_factory=dict)
     inflight: dict[str, MoveRequest] = field(default_factory=dict)
 
     def rate(self, source: str, dest: str) -> float:
-        return self.rates.get((source, dest), self.prior_bps)
-
-    def observe(self, source: str, dest: str, wire_bytes: int, seconds: float) -> None:
-        """Fold a completed move's measured rate into the path's EWMA."""
-        if wire_bytes <= 0 or seconds <= 0:
-            return
-        measured = wire_bytes / seconds
-        old = self.rates.get((source, dest))
-        self.rates[(source, dest)] = measured if old is None else self.alpha * measured + (1 - self.alpha) * old
+        return self.paths.rate(source, dest, self.prior_bps)
 
     def decide(self, req: MoveRequest, state_bytes: int) -> Decision:
         b = self.rate(req.source, req.dest)

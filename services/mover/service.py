@@ -25,6 +25,7 @@ from libs import bus, names
 from libs.config import BaseConfig, PositiveFloat
 from libs.errors import Conflict, IntegrityError, Rejected, StatefleetError, Timeout
 from libs.fence.ownership import assign, read_owner
+from libs.path_ewma import PathEwma
 from libs.schemas.base import decode, encode
 from libs.schemas.motion import (
     AdmitMove,
@@ -61,7 +62,7 @@ class MoverService(Service):
 
     async def setup(self) -> None:
         cfg = self.config
-        self.planner = MovePlanner(prior_bps=cfg.prior_bandwidth_bps, alpha=cfg.ewma_alpha, setup_s=cfg.setup_s)
+        self.planner = MovePlanner(prior_bps=cfg.prior_bandwidth_bps, paths=PathEwma(cfg.ewma_alpha), setup_s=cfg.setup_s)
         await bus.ensure_stream(self.js, bus.StreamSpec(name=names.MOVES_STREAM, subjects=[names.MOVE_RECEIPT_SUBJECTS],
                                                         replicas=cfg.nats_replicas))
         self.journal = await bus.ensure_kv(self.js, names.MOVES_INFLIGHT_BUCKET, replicas=cfg.nats_replicas)
@@ -148,6 +149,7 @@ class MoverService(Service):
                 MigrateResult, timeout_s=max(left(), 1e-3) + 1)
         times.migrate_s, times.freeze_s = time.monotonic() - t, result.freeze_s
         receipt.rounds, receipt.wire_bytes, receipt.transport = result.rounds, result.wire_bytes, result.transport
+        receipt.transfer_s = result.transfer_s
         receipt.fingerprint, receipt.state_bytes = result.manifest.fingerprint, result.manifest.total_bytes
         t = time.monotonic()
         slot = SlotRequest(session_id=req.session_id, move_id=move_id, manifest=result.manifest)
@@ -161,7 +163,7 @@ class MoverService(Service):
         t = time.monotonic()
         await self._verb(req.dest, "commit", slot, SlotDone, timeout_s=max(VERB_TIMEOUT_S, left()))
         receipt.outcome = "committed"  # the destination holds the state live: past the point of no return
-        self.planner.observe(req.source, req.dest, result.wire_bytes, result.transfer_s)
+        self.planner.paths.observe(req.source, req.dest, result.wire_bytes, result.transfer_s)
         try:
             await self._hand_over(req, move_id, owner_version)
         except Conflict as e:

@@ -30,6 +30,7 @@ import msgspec
 from libs import bus, names
 from libs.errors import Rejected, StatefleetError
 from libs.fence.ownership import read_owner
+from libs.path_ewma import PathEwma
 from libs.schemas.base import encode
 from libs.schemas.engine import HostStatus, SessionInfo, SessionRef, StatusRequest
 from libs.schemas.motion import MoveReceipt, MoveRequest
@@ -69,6 +70,7 @@ class FleetController:
         self.provisioner = provisioner
         self.activity = fleetview.Activity()
         self.arrivals = fleetview.Arrivals()
+        self.paths = PathEwma()  # measured rates of committed moves, from the mover's receipts
         self.busy: dict[str, tuple[str, str]] = {}  # session → (from, to): a move, suspend or resume in flight
         self.draining: set[str] = set()  # hosts a scale-in drain of ours is emptying
         self.drain_ended: dict[str, float] = {}
@@ -111,7 +113,7 @@ class FleetController:
         now = time.monotonic()
         fleet = fleetview.snapshot(fleetview.Inputs(
             now=now, wall_now=time.time(), entries=entries, records=svc.hosts.values, sessions=statuses,
-            owners=owners, specs=specs, busy=dict(self.busy), path_bps=cfg.path_bps,
+            owners=owners, specs=specs, busy=dict(self.busy), path_bps=cfg.path_bps, path_pairs=self.paths.pairs(),
             settle_s=cfg.reservation_settle_s, provisioning=self._provisioning(entries, now),
             arrivals_per_s=self.arrivals.rate(svc.sessions.values, now, cfg.arrival_window_s),
             admissions=list(svc.admissions.values.values()),

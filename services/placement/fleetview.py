@@ -93,12 +93,13 @@ class Inputs:
     owners: Mapping[str, str]  # session → the host the sessions hint says owns it
     specs: Mapping[str, tuple[Contract, str]]  # session → (contract, backend)
     busy: Mapping[str, tuple[str, str]]  # session → (from, to) of a move, suspend or resume in flight
-    path_bps: float
+    path_bps: float  # the rate of a path no move has crossed yet
     settle_s: float
     provisioning: int = 0
     arrivals_per_s: float = 0.0
     last_scale_out_at: float = float("-inf")
     last_scale_in_at: float = float("-inf")
+    path_pairs: Mapping[str, float] = field(default_factory=dict)  # "src>dst" → measured bytes/s
     admissions: Sequence[SessionRecord] = ()  # admission's records: its queue is sessions no host fits yet
 
 
@@ -123,7 +124,7 @@ def snapshot(x: Inputs, activity: Activity) -> Fleet:
                 sessions.append(_session(info, seen, spec, entry, x))
     queue = sorted((r for r in x.admissions if r.state == "queued"), key=lambda r: (r.created_at, r.session_id))
     sessions += [_queued(r, x.now) for r in queue]
-    return Fleet(now=x.now, hosts=hosts, sessions=tuple(sessions), paths=PathRates(default_bps=x.path_bps),
+    return Fleet(now=x.now, hosts=hosts, sessions=tuple(sessions), paths=PathRates(default_bps=x.path_bps, pairs=dict(x.path_pairs)),
                  provisioning=x.provisioning, arrivals_per_s=x.arrivals_per_s, last_scale_out_at=x.last_scale_out_at,
                  last_scale_in_at=x.last_scale_in_at)
 

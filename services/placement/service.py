@@ -30,6 +30,7 @@ from libs.fence.ownership import assign, read_owner, update_summary
 from libs.schemas.admission import SessionRecord
 from libs.schemas.common import EngineEntry, SessionSummary
 from libs.schemas.fence import MetaRequest, Owner, SessionMeta, SessionView
+from libs.schemas.motion import MoveReceipt
 from libs.schemas.placement import (
     HostInfo,
     HostList,
@@ -128,6 +129,12 @@ class PlacementService(Service):
                 (names.PLACEMENT_DRAIN, "placement.drain", HostRequest, self.drainer.drain),
                 (names.PLACEMENT_UNDRAIN, "placement.undrain", HostRequest, self._on_undrain)):
             await bus.serve(self.nc, subject, req_type, traced(span, handler), queue=self.name, concurrency=8)
+        # every instance learns the paths' measured rates, so a new lease holder plans with them too
+        await bus.subscribe_events(self.nc, names.MOVE_RECEIPT_SUBJECTS, MoveReceipt, self._on_receipt)
+
+    async def _on_receipt(self, r: MoveReceipt) -> None:
+        if r.outcome == "committed":
+            self.fleet.paths.observe(r.source, r.dest, r.wire_bytes, r.transfer_s)
 
     # ------------------------------------------------------------ liveness
 

@@ -48,6 +48,12 @@ async def test_rebalancing_waits_for_gain_above_threshold_then_moves_live(stack)
     moved = await eventually(one_on_e1, 60)
     view = await stack.owner(moved)
     assert view.owner.version == 2  # one hand-off, by the mover's assign: no failover, no re-placement
+
+    async def path_measured():  # the mover's receipt taught every placement instance the path's rate
+        return all(p.fleet.paths.rate("e0", "e1", 0.0) > 0 for p in stack.placements)
+
+    await eventually(path_measured, 10)
+    assert (await stack.placements[0].fleet.round()).actions is not None  # plans with it: no error
     for sid in SIDS:
         await stack.send(sid, 3, 4)
         await eventually(lambda sid=sid: stack.consumed(sid, 4), 30)

@@ -99,7 +99,7 @@ async def test_committed_move_is_bit_identical_and_continues_identically(nc, fle
         assert block != advance(perturbed)
     await asyncio.sleep(0.1)
     assert [x.move_id for x in receipts] == [r.move_id]
-    assert ("a", "b") in mover.planner.rates
+    assert ("a", "b") in mover.planner.paths.rates
 
 
 async def test_bandwidth_gate_rejects_with_reason_and_changes_nothing(nc, fleet):

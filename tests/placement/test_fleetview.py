@@ -100,3 +100,17 @@ def test_admission_s_queue_is_load_the_autoscaler_scales_out_for():
     assert outs and outs[0].count >= 1
     assert scale_outs([])[0] == []
     assert scale_outs([placed])[0] == []  # placed: its host's reservation counts, not admission's queue
+
+
+def test_measured_path_rates_reach_the_policies_and_the_prior_covers_the_rest():
+    from libs.path_ewma import PathEwma
+
+    ewma = PathEwma(alpha=0.5)
+    ewma.observe("h0", "h1", 4_000_000_000, 2.0)  # 2 GB/s
+    ewma.observe("h0", "h1", 1_000_000_000, 1.0)  # 1 GB/s: the EWMA halves the difference
+    ewma.observe("h1", "h0", 0, 1.0)  # nothing crossed: no rate learned
+    assert ewma.pairs() == {"h0>h1": 1.5e9}
+    fleet = fleetview.snapshot(inputs(0.0, {"h0": [info("a")]}, {"a": "h0"}, path_pairs=ewma.pairs()),
+                               fleetview.Activity())
+    h0, h1 = fleet.hosts
+    assert fleet.paths.rate(h0, h1) == 1.5e9 and fleet.paths.rate(h1, h0) == 1e9  # the configured prior
