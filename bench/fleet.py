@@ -22,10 +22,11 @@ import msgspec
 import numpy as np
 
 from bench import fleet_arms as arms
-from bench import fleet_trace, fleet_workload
+from bench import fleet_oracle, fleet_trace, fleet_workload
 from bench.common import parser, table, write
-from bench.fleet_sim import GUARD, PERIOD_MS, PROFILE, PROVISION_S, ROW, Sim, share
+from bench.fleet_sim import CONTRACTS, GUARD, PERIOD_MS, PROFILE, PROVISION_S, ROW, Sim, share
 from services.placement.policy import Params
+from services.placement.policy import latency as lat
 
 TARGETS = {"gpu_hours_cut_vs_static_peak": 0.372, "worst_chunk_cut_vs_static_peak": 0.375}
 QUICK = {"concurrency": 150, "request_span_s": 1800.0, "servegen_span_s": 5400.0, "generated_span_s": 5400.0}
@@ -122,6 +123,34 @@ def compare(res: dict) -> dict:
     }
 
 
+def oracle(specs: list[fleet_workload.SessionSpec], p: Params, res: dict) -> dict:
+    """The clairvoyant bound (bench/fleet_oracle.py) at the joint target's worst chunk, at static peak's
+    worst and at statefleet's, and what it says about the joint target and about statefleet."""
+    terms = {t: lat.term(CONTRACTS[t], ROW[t], share(t)) for t in ROW}
+    peak, sf = res["static_peak"], res["statefleet"]
+    worst_cap = (1 - TARGETS["worst_chunk_cut_vs_static_peak"]) * peak["worst_chunk_ms"]
+    gpu_cap = (1 - TARGETS["gpu_hours_cut_vs_static_peak"]) * peak["gpu_hours"]
+    at_target = fleet_oracle.gpu_hours(specs, p, terms, worst_cap)
+    at_peak = fleet_oracle.gpu_hours(specs, p, terms, peak["worst_chunk_ms"])
+    at_sf = fleet_oracle.gpu_hours(specs, p, terms, sf["worst_chunk_ms"])
+    if at_target["gpu_hours"] > gpu_cap:
+        verdict = "infeasible"  # even the lower bound needs more than the GPU-hours target allows
+    elif at_target["gpu_hours_packed"] <= gpu_cap:
+        verdict = "feasible"  # a clairvoyant schedule meets both targets under the model
+    else:
+        verdict = "open"  # the bound allows it; the packed schedule does not show it
+    return {
+        "at_target_worst": at_target, "at_static_peak_worst": at_peak, "at_statefleet_worst": at_sf,
+        "joint_target": {"worst_chunk_cap_ms": worst_cap, "gpu_hours_cap": gpu_cap, "verdict": verdict,
+                         "oracle_gpu_hours_cut_vs_static_peak": 1 - _ratio(at_target["gpu_hours"], peak["gpu_hours"]),
+                         "packed_gpu_hours_cut_vs_static_peak":
+                             1 - _ratio(at_target["gpu_hours_packed"], peak["gpu_hours"])},
+        # how many times the clairvoyant's GPU-hours statefleet uses, at its own worst and at the target's
+        "statefleet_over_oracle_at_its_worst": _ratio(sf["gpu_hours"], at_sf["gpu_hours"]),
+        "statefleet_over_oracle_at_target_worst": _ratio(sf["gpu_hours"], at_target["gpu_hours"]),
+    }
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
@@ -155,7 +184,7 @@ def plot(path: Path, res: dict, title: str) -> str | None:
     return str(path)
 
 
-def summary(res: dict, targets: dict) -> None:
+def summary(res: dict, targets: dict, bound: dict) -> None:
     print(f"\n  {'arm':<17} {'GPU-h':>8} {'worst ms':>9} {'p99 ms':>7} {'SLO miss':>9} {'moves':>6} "
           f"{'rejected':>8} {'dropped':>7} {'GPU-h/peak':>10} {'worst/peak':>10}")
     for name, r in res.items():
@@ -164,6 +193,12 @@ def summary(res: dict, targets: dict) -> None:
               f"{r['vs_static_peak']['gpu_hours_ratio']:10.3f} {r['vs_static_peak']['worst_chunk_ratio']:10.3f}")
     print()
     table([(k, v["value"], f"target {v['target']}: {'met' if v['met'] else 'MISSED'}") for k, v in targets.items()])
+    j = bound["joint_target"]
+    print(f"\n  oracle (clairvoyant lower bound / packed schedule), GPU-h: at worst <= {j['worst_chunk_cap_ms']:.2f} ms "
+          f"{bound['at_target_worst']['gpu_hours']:.1f} / {bound['at_target_worst']['gpu_hours_packed']:.1f} "
+          f"(cap {j['gpu_hours_cap']:.1f}: joint target {j['verdict']}); at static peak's worst "
+          f"{bound['at_static_peak_worst']['gpu_hours']:.1f}; statefleet uses "
+          f"{bound['statefleet_over_oracle_at_its_worst']:.2f}x the bound at its own worst")
 
 
 def main() -> None:
@@ -184,9 +219,10 @@ def main() -> None:
     p = params(args.latency_model)
     res = run_arms(specs, p, end + TICK_S, peak_hosts, avg_hosts)
     targets = compare(res)
+    bound = oracle(specs, p, res)
     png = plot(args.json.with_suffix(".png"), res, f"{kind} trace, seed {args.seed}"
                + (" (quick)" if args.quick else ""))
-    summary(res, targets)
+    summary(res, targets, bound)
     write(args.json, {
         "benchmark": "fleet", "quick": args.quick, "seed": args.seed,
         "trace": str(args.trace) if args.trace else None, "workload": shape | {
@@ -194,7 +230,7 @@ def main() -> None:
             "static_peak_hosts": peak_hosts, "static_average_hosts": avg_hosts},
         "model": {"tick_s": TICK_S, "period_ms": PERIOD_MS, "provision_s": PROVISION_S,
                   "profile_rows": msgspec.to_builtins(PROFILE), "params": msgspec.to_builtins(p)},
-        "arms": res, "targets": targets, "plot": png})
+        "arms": res, "targets": targets, "oracle": bound, "plot": png})
 
 
 if __name__ == "__main__":
