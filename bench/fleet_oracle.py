@@ -25,6 +25,9 @@ The larger of the two, rounded up, bounds the hosts at that instant; integrated 
 bounds GPU-hours. Beside it, `gpu_hours_packed` is a schedule the same clairvoyant could run
 (each class on hosts of its own, ⌊c_j / s_j⌋ per host, memory not modelled), so the truth lies
 between the two.
+
+`burst` is not a bound: it sizes the largest wave of arrivals within one boot time, which a
+policy that boots hosts on demand and cannot see arrivals coming must meet with hosts already up.
 """
 
 from __future__ import annotations
@@ -119,6 +122,26 @@ def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], 
     return {"bound_ms": bound_ms, "reachable": True, "gpu_hours": lower / 3600, "gpu_hours_packed": packed / 3600,
             "peak_hosts": peak,
             "per_host": {str(k): {"busy": c.busy, "sessions": c.sessions} for k, c in sorted(cap.items())}}
+
+
+def burst(specs: list[SessionSpec], params: Params, terms: dict[int, Term], bound_ms: float, window_s: float) -> dict:
+    """The most hosts (by the bound's per-session weights, s_j / c_j) that the sessions arriving within
+    any `window_s` need at `bound_ms`: what a policy whose hosts take `window_s` to boot, and which
+    cannot see a burst coming, must already hold empty. An estimate of the online price, not a bound."""
+    cap = caps(params, terms, bound_ms)
+    if cap is None:
+        return {"window_s": window_s, "hosts": math.inf, "sessions": 0, "at_s": 0.0}
+    arr = sorted((s.arrival_s, cap[s.tier].share / cap[s.tier].busy) for s in specs)
+    best = {"window_s": window_s, "hosts": 0.0, "sessions": 0, "at_s": 0.0}
+    j, total = 0, 0.0
+    for i, (t, w) in enumerate(arr):  # windows that start at an arrival: [t, t + window_s]
+        while j < len(arr) and arr[j][0] <= t + window_s:
+            total += arr[j][1]
+            j += 1
+        if total > best["hosts"] + _EPS:
+            best = {"window_s": window_s, "hosts": total, "sessions": j - i, "at_s": t}
+        total -= w
+    return best
 
 
 def _step(events: dict[float, dict[int, int]], t: float, tier: int, d: int) -> None:

@@ -65,3 +65,12 @@ def test_the_bound_is_below_every_arm_that_meets_its_latency_and_drops_nothing(s
         checked += 1
     assert checked >= 3
     assert fleet.oracle(specs, P, res) == fleet.oracle(specs, P, res)
+
+
+def test_the_largest_wave_within_a_boot_counts_the_hosts_its_arrivals_need_at_the_bound():
+    specs = [spec("a", 16, 0.0, 600.0), spec("b", 16, 30.0, 600.0), spec("c", 4, 50.0, 600.0),
+             spec("d", 16, 100.0, 600.0), spec("e", 16, 500.0, 600.0)]
+    got = fleet_oracle.burst(specs, P, TERMS, 68.75, 60.0)
+    # a, b, c arrive within 60 s: two hosts to themselves plus a sixth of a host for the tier-4
+    assert (got["sessions"], got["at_s"]) == (3, 0.0) and got["hosts"] == pytest.approx(2 + 1 / 6)
+    assert fleet_oracle.burst(specs, P, TERMS, 110.0, 60.0)["hosts"] == pytest.approx((0.4 + 0.4 + 0.1) / 0.9)
