@@ -128,10 +128,15 @@ def compare(res: dict) -> dict:
     }
 
 
+def oracle_terms() -> dict[int, lat.Term]:
+    """Each tier's latency term on the simulator's profile rows: what the oracle packs by."""
+    return {t: lat.term(CONTRACTS[t], ROW[t], share(t)) for t in ROW}
+
+
 def oracle(specs: list[fleet_workload.SessionSpec], p: Params, res: dict) -> dict:
     """The clairvoyant bound (bench/fleet_oracle.py) at the joint target's worst chunk, at static peak's
     worst and at statefleet's, and what it says about the joint target and about statefleet."""
-    terms = {t: lat.term(CONTRACTS[t], ROW[t], share(t)) for t in ROW}
+    terms = oracle_terms()
     peak, sf = res["static_peak"], res["statefleet"]
     worst_cap = (1 - TARGETS["worst_chunk_cut_vs_static_peak"]) * peak["worst_chunk_ms"]
     gpu_cap = (1 - TARGETS["gpu_hours_cut_vs_static_peak"]) * peak["gpu_hours"]
@@ -170,7 +175,8 @@ def _target(value: float, goal: str, met: bool) -> dict:
     return {"value": value, "target": goal, "met": met}
 
 
-def plot(path: Path, res: dict, title: str) -> str | None:
+def plot(path: Path, res: dict, title: str, oracle_steps: list[tuple[float, int]] | None = None,
+         oracle_label: str = "") -> str | None:
     try:
         import matplotlib
 
@@ -183,6 +189,9 @@ def plot(path: Path, res: dict, title: str) -> str | None:
         hours = [t / 3600 for t in r["series"]["t_s"]]
         top.plot(hours, r["series"]["gpus"], lw=1, label=name)
         bottom.plot(hours, r["series"]["p99_chunk_ms"], lw=1, label=name)
+    if oracle_steps:
+        top.step([t / 3600 for t, _ in oracle_steps], [h for _, h in oracle_steps], where="post", lw=0.8,
+                 color="black", ls="--", label=oracle_label)
     top.set_ylabel("GPUs in use")
     bottom.set_ylabel("p99 chunk latency (ms)")
     bottom.set_yscale("log")
@@ -236,8 +245,10 @@ def main() -> None:
     res = run_arms(specs, p, end + TICK_S, peak_hosts, avg_hosts)
     targets = compare(res)
     bound = oracle(specs, p, res)
+    cap_ms = bound["joint_target"]["worst_chunk_cap_ms"]
+    steps = fleet_oracle.gpu_hours(specs, p, oracle_terms(), cap_ms, series=True).get("series")
     png = plot(args.json.with_suffix(".png"), res, f"{kind} trace, seed {args.seed}"
-               + (" (quick)" if args.quick else ""))
+               + (" (quick)" if args.quick else ""), steps, f"oracle, worst <= {cap_ms:.2f} ms (lower bound)")
     summary(res, targets, bound)
     write(args.json, {
         "benchmark": "fleet", "quick": args.quick, "seed": args.seed,

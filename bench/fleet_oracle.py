@@ -93,8 +93,10 @@ def hosts_packed(counts: dict[int, int], cap: dict[int, Cap]) -> int:
     return out
 
 
-def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], bound_ms: float) -> dict:
-    """The oracle at `bound_ms`: GPU-hours (lower bound and a packed schedule) and peak hosts."""
+def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], bound_ms: float,
+              series: bool = False) -> dict:
+    """The oracle at `bound_ms`: GPU-hours (lower bound and a packed schedule) and peak hosts; with
+    `series`, also the bound's hosts over time as (t_s, hosts) steps."""
     cap = caps(params, terms, bound_ms)
     if cap is None:
         return {"bound_ms": bound_ms, "reachable": False, "gpu_hours": math.inf, "gpu_hours_packed": math.inf,
@@ -112,6 +114,7 @@ def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], 
     lower = packed = 0.0
     peak, last = 0, 0.0
     h_low = h_pack = 0
+    steps = []
     for t in sorted(events):
         lower += h_low * (t - last)
         packed += h_pack * (t - last)
@@ -119,9 +122,12 @@ def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], 
             counts[k] += d
         h_low, h_pack, last = hosts_lower(counts, cap), hosts_packed(counts, cap), t
         peak = max(peak, h_low)
-    return {"bound_ms": bound_ms, "reachable": True, "gpu_hours": lower / 3600, "gpu_hours_packed": packed / 3600,
-            "peak_hosts": peak,
-            "per_host": {str(k): {"busy": c.busy, "sessions": c.sessions} for k, c in sorted(cap.items())}}
+        if series:
+            steps.append((t, h_low))
+    out = {"bound_ms": bound_ms, "reachable": True, "gpu_hours": lower / 3600, "gpu_hours_packed": packed / 3600,
+           "peak_hosts": peak,
+           "per_host": {str(k): {"busy": c.busy, "sessions": c.sessions} for k, c in sorted(cap.items())}}
+    return out | {"series": steps} if series else out
 
 
 def burst(specs: list[SessionSpec], params: Params, terms: dict[int, Term], bound_ms: float, window_s: float) -> dict:

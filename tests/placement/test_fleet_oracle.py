@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bench import fleet, fleet_oracle
-from bench.fleet_sim import CONTRACTS, ROW, share
 from bench.fleet_workload import SessionSpec
-from services.placement.policy import latency as lat
 
-TERMS = {t: lat.term(CONTRACTS[t], ROW[t], share(t)) for t in ROW}
+TERMS = fleet.oracle_terms()
 P = fleet.params("profile")
 TINY = {"concurrency": 8, "request_span_s": None, "servegen_span_s": 1200.0, "generated_span_s": 600.0}
 
