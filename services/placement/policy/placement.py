@@ -83,9 +83,11 @@ class Placer:
         """
         plan, order = self.plan, self.order
         end = bisect_right(order, self._target_busy(s) + 1e-9, key=_busy)
+        share = min((t.share for hl in self.profiles if (t := plan.term(s, hl)) is not None), default=0.0)
         for i in range(end - 1, -1, -1) if self.pack else range(end):
             hl = order[i]
-            if plan.within_target(s, hl):
+            # a resident that could not take even the lightest share within its target rules the host out
+            if hl.busy + share <= plan.room(hl) + 1e-9 and plan.within_target(s, hl):
                 est = plan.fit(s, hl)
                 if est.fits:
                     yield hl, est
