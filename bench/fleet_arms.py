@@ -8,7 +8,7 @@ the baselines compose the same pieces differently, or stand in for what exists w
 - migration only: the static-peak fleet with statefleet's placement and min-max rebalancing;
 - autoscaling only: statefleet's placement and autoscaler, no rebalancing, no offload, and a
   draining host waits for its sessions to end (no live moves at all);
-- joint greedy (TurboServe-style): least-loaded placement, gain-function rebalancing without
+- joint greedy (TurboServe-style): least-loaded placement (on arrival too), gain-function rebalancing without
   the admissibility gate or the receiver rule (moves are hoped for), and
   `M = max(⌈N/K⌉, ⌈N/(K·ρ̂)⌉)` hosts for N sessions, K per GPU, ρ̂ its target fill;
 - statefleet: `policy.decide` with everything on.
@@ -67,19 +67,32 @@ def greedy(params: Params) -> Callable[[Fleet], Decision]:
 
     def run(fleet: Fleet) -> Decision:
         plan = Plan(fleet, params)
-        placer = Placer(plan)
-        actions, refusals = [], []
-        for s in fleet.sessions:
-            if s.state == "queued":
-                r = place(placer, s)
-                (actions if isinstance(r, Place) else refusals).append(r)
-        for step in (drain_moves(plan, admit=hoped, receiver_limit=UNBOUNDED),
+        actions, refusals = _least_loaded(plan, fleet)
+        for step in (drain_moves(plan, admit=hoped, receiver_limit=UNBOUNDED, within_guard=False),
                      rebalance(plan, admit=hoped, receiver_limit=UNBOUNDED)):
             actions += step[0]
             refusals += step[1]
         actions += _count_scaling(plan, fleet, rho)
         return Decision(actions=tuple(actions), refusals=tuple(refusals))
     return run
+
+
+def greedy_reacting(params: Params) -> Callable[[Fleet], Decision]:
+    """The greedy baseline's answer to an arrival: least-loaded placement, nothing else."""
+    def run(fleet: Fleet) -> Decision:
+        actions, refusals = _least_loaded(Plan(fleet, params), fleet)
+        return Decision(actions=tuple(actions), refusals=tuple(refusals))
+    return run
+
+
+def _least_loaded(plan: Plan, fleet: Fleet) -> tuple[list, list]:
+    placer = Placer(plan, pack=False)
+    actions, refusals = [], []
+    for s in fleet.sessions:
+        if s.state == "queued":
+            r = place(placer, s)
+            (actions if isinstance(r, Place) else refusals).append(r)
+    return actions, refusals
 
 
 def _count_scaling(plan: Plan, fleet: Fleet, rho: float) -> list:

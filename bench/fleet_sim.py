@@ -133,6 +133,12 @@ class Stats:
         self.worst = max(self.worst, ms)
 
 
+def share_over(hist: Counter[int], ms: float) -> float:
+    """The share of chunks slower than `ms` (at the histogram's 0.1 ms resolution)."""
+    total = sum(hist.values())
+    return sum(w for k, w in hist.items() if k / 10 > ms) / total if total else 0.0
+
+
 def quantile(hist: Counter[int], q: float) -> float:
     total = sum(hist.values())
     if not total:
@@ -420,6 +426,7 @@ class Sim:
             "worst_chunk_ms": st.worst,
             "p99_chunk_ms": quantile(st.hist, 0.99),
             "p50_chunk_ms": quantile(st.hist, 0.5),
+            "chunk_hist": st.hist,  # bench.fleet reads shares past a bound from it, then drops it
             "slo_miss_rate": st.misses / st.chunks if st.chunks else 0.0,
             "migrations": self.counts["migrations"],
             "stop_and_copy_moves": self.counts["stop_and_copy_moves"],

@@ -7,6 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.placement.policy import Drain, Move, Release, ScaleOut, decide
+from services.placement.policy.plan import Plan
+from services.placement.policy.rebalance import drain_moves
 from tests.placement.policy_fleet import PARAMS, fleet, sess
 
 P = msgspec.structs.replace(PARAMS, target_util=0.5, scale_out_above=0.6, scale_in_below=0.35,
@@ -57,6 +59,20 @@ def test_a_draining_host_is_emptied_by_live_moves_then_released():
             break
     assert [a.host_id for a in kinds(d, Release)] == ["h0"]
     assert sorted(s.session_id for s in on["h1"]) == ["a", "b", "c"]
+
+
+def test_a_drain_move_never_makes_a_chunk_later_than_the_guard_band_allows():
+    """h1 fits the tier-8 session at 0.9 busy, where its chunks take 100 ms (the guard band's worst for
+    it); the cut-over adds the freeze (~9 ms), so the drain waits rather than make a 109 ms chunk. An
+    empty receiver takes it at once, and without the rule h1 would have."""
+    crowded = fleet({"h0": [sess("a", "h0")], "h1": []}, states={"h0": "draining"}, background={"h1": 0.7})
+    d = decide(crowded, P, rebalancing=False, scaling=False)
+    assert kinds(d, Move) == [] and [(r.kind, r.reason) for r in d.refusals] == [("drain", "past_guard")]
+    moves, _ = drain_moves(Plan(crowded, P), within_guard=False)
+    assert [(m.session_id, m.dst) for m in moves] == [("a", "h1")]
+    roomy = fleet({"h0": [sess("a", "h0")], "h1": [], "h2": []}, states={"h0": "draining"}, background={"h1": 0.7})
+    assert [(m.session_id, m.dst) for m in kinds(decide(roomy, P, rebalancing=False, scaling=False), Move)] == [
+        ("a", "h2")]
 
 
 hosts_st = st.dictionaries(st.sampled_from([f"h{i}" for i in range(6)]),

@@ -1,4 +1,4 @@
-"""Initial placement, resume and the capacity promise: least loaded, reservations, paths; no over-commit."""
+"""Initial placement, resume and the capacity promise: packed within the target, reservations, paths; no over-commit."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from libs import admissibility
 from libs.contracts import Demand
 from services.placement.policy import Move, PathRates, Place, Resume, Suspend, decide, react
+from services.placement.policy.placement import Placer
+from services.placement.policy.plan import Plan
 from tests.placement.policy_fleet import PARAMS, fleet, sess
 
 
@@ -16,9 +18,20 @@ def placed(d) -> dict[str, str]:
     return {a.session_id: a.host_id for a in d.actions if isinstance(a, Place)}
 
 
-def test_places_on_the_least_loaded_host():
+def test_packs_onto_the_busiest_host_within_the_target_and_the_baseline_takes_the_least_loaded():
+    """h2 (0.4 busy) would put its tier-8 chunks past the target (70 ms > 0.55 × 110 ms) with a third; h0
+    stays within it (50 ms), so it wins over the empty h1. The least-loaded baseline takes h1."""
     f = fleet({"h0": [sess("a", "h0")], "h1": [], "h2": [sess("b", "h2"), sess("c", "h2")]}, queued=(sess("q"),))
-    assert placed(react(f, PARAMS)) == {"q": "h1"}
+    assert placed(react(f, PARAMS)) == {"q": "h0"}
+    assert Placer(Plan(f, PARAMS), pack=False).choose(sess("q"))[0].host_id == "h1"
+
+
+def test_a_light_session_keeps_the_empty_host_free_for_a_heavy_one():
+    """A tier-16 session is within its target (66 ms) only alone: 20 + 0.4 × 100 = 60 ms, 70 ms with a
+    tier-4 beside it. Packed, the tier-4 arrival joins h0 and the tier-16 one gets the empty h1; least
+    loaded first, the tier-4 would take h1 and the tier-16 would share a host past its target."""
+    f = fleet({"h0": [sess("a", "h0", floor=4)], "h1": []}, queued=(sess("q4", floor=4), sess("q16", floor=16)))
+    assert placed(react(f, PARAMS)) == {"q4": "h0", "q16": "h1"}
 
 
 def test_reservations_count_against_a_host():
@@ -28,13 +41,14 @@ def test_reservations_count_against_a_host():
 
 
 def test_prefers_a_host_whose_paths_keep_a_later_move_admissible():
-    """h0 is the least loaded but sits alone in a zone reached at 1 Gb/s: a session placed there is stuck."""
+    """h0 is the busiest host within the target but sits alone in a zone reached at 1 Gb/s: a session
+    placed there is stuck."""
     paths = PathRates(default_bps=admissibility.gbps(100), cross_zone_bps=admissibility.gbps(1))
-    f = fleet({"h0": [], "h1": [sess("a", "h1")], "h2": [sess("b", "h2")]}, queued=(sess("q"),), paths=paths)
+    f = fleet({"h0": [sess("a", "h0")], "h1": [], "h2": []}, queued=(sess("q"),), paths=paths)
     zoned = msgspec.structs.replace(f, hosts=tuple(
         msgspec.structs.replace(h, zone="far" if h.host_id == "h0" else "near") for h in f.hosts))
-    assert placed(react(zoned, PARAMS)) == {"q": "h1"}
-    assert placed(react(f, PARAMS)) == {"q": "h0"}  # one zone: the least loaded wins
+    assert placed(react(zoned, PARAMS)) == {"q": "h2"}  # (equal hosts: the higher id, keeping h1 for later)
+    assert placed(react(f, PARAMS)) == {"q": "h0"}  # one zone: the busiest within the target wins
 
 
 def test_draining_hosts_take_no_new_session_and_no_fit_is_a_refusal():
@@ -107,11 +121,8 @@ def test_past_the_latency_target_placement_still_uses_the_guard_band_rather_than
 
 @given(fleets, st.sampled_from([4, 8, 16]), st.floats(0.3, 1.0))
 def test_placement_stops_looking_only_where_no_host_further_on_could_be_within_the_target(spec, tier, target):
-    """The placer stops scanning (least busy first) once hosts are too busy for the target: the host it
-    picks is the one a scan of every host by the same ranking would pick."""
-    from services.placement.policy.placement import Placer
-    from services.placement.policy.plan import Plan
-
+    """The placer scans only hosts no busier than the target allows: the host it picks is the one a scan
+    of every host by the same ranking would pick (busiest first within the target, least busy past it)."""
     on = {f"h{i}": [sess(f"h{i}s{j}", f"h{i}", floor=t) for j, t in enumerate(tiers)] for i, (tiers, _, _) in
           enumerate(spec)}
     f = fleet(on, states={f"h{i}": s for i, (_, s, _) in enumerate(spec)},
@@ -121,9 +132,10 @@ def test_placement_stops_looking_only_where_no_host_further_on_could_be_within_t
     placer = Placer(Plan(f, p))
     got = placer.choose(q)
     ranked = []
-    for hl in placer.order:
+    for i, hl in enumerate(placer.order):
         est = placer.plan.fit(q, hl)
         if est.fits:
-            ranked.append(((0 if placer.plan.within_target(q, hl) else 2) + (0 if placer._escapes(q, hl) else 1), hl))
-    want = min(ranked, key=lambda r: r[0])[1].host_id if ranked else "no_fit"
+            rank = (0 if placer.plan.within_target(q, hl) else 2) + (0 if placer._escapes(q, hl) else 1)
+            ranked.append((rank, -i if rank < 2 else i, hl))
+    want = min(ranked, key=lambda r: r[:2])[2].host_id if ranked else "no_fit"
     assert (got if isinstance(got, str) else got[0].host_id) == want

@@ -1,18 +1,24 @@
-"""Initial placement and resume targets: capacity- and path-aware, least loaded first.
+"""Initial placement and resume targets: capacity- and path-aware, packed within the latency target.
 
-Hosts are tried least busy first (ties by host_id), so the fleet's worst chunk latency grows
-as slowly as it can. Among hosts that fit (the capacity verdict of `libs.contracts.estimate`,
-reservations included), a host that stays within the latency target with the session
+Among hosts that fit (the capacity verdict of `libs.contracts.estimate`, reservations
+included), a host that stays within the latency target with the session
 (`Params.latency_target_frac` of every resident's SLO) beats one that would not, and among
-those the first whose fastest path out would admit a live move of this session wins: a session
-placed there can still be moved later. A host past the target takes the session only when no
-fitting host is within it: the guard band is the limit, the target is where placement aims.
+those one whose fastest path out would admit a live move of this session wins: a session
+placed there can still be moved later. Within the target the busiest such host wins (best
+fit, ties by the higher host_id): light sessions pack together, so empty hosts stay empty for
+the sessions that need a device nearly to themselves (under the profile model a tier-16
+session's target leaves room for no co-tenant). A host past the target takes the session only
+when no fitting host is within it, and then the least busy does, so the fleet's worst chunk
+latency grows as slowly as it can: the guard band is the limit, the target is where placement
+aims. `Placer(pack=False)` ranks the same way but least busy first within the target too (the
+least-loaded baseline).
 """
 
 from __future__ import annotations
 
 import math
-from bisect import insort
+from bisect import bisect_right, insort
+from collections.abc import Iterator
 
 from libs import admissibility
 from libs.contracts import Estimate
@@ -25,8 +31,9 @@ from services.placement.policy.snapshot import Session
 class Placer:
     """Keeps the open hosts ordered by load across the placements of one decision."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, pack: bool = True) -> None:
         self.plan = plan
+        self.pack = pack  # within the target, the busiest host first (False: the least busy, as a baseline)
         self.order = sorted(plan.open_loads(), key=_key)
         self.profiles = list({id(hl.host.entry.profile): hl for hl in self.order}.values())  # one host per profile
 
@@ -34,8 +41,9 @@ class Placer:
         """(host, estimate) for `s`, or the refusal reason. `prefer` is tried first (a resume's old host).
 
         Hosts are ranked: within the latency target with an admissible way out, within the target,
-        then (only when no fitting host is within it) with a way out, then any that fits; least busy
-        first within a rank. The preferred host wins its rank's ties.
+        then (only when no fitting host is within it) with a way out, then any that fits; busiest
+        first within the first two ranks (least busy with `pack=False`), least busy first in the
+        last two. The preferred host wins its rank's ties.
         """
         plan = self.plan
         found: list[tuple[HostLoad, Estimate] | None] = [None, None, None, None]
@@ -46,20 +54,43 @@ class Placer:
                 if plan.within_target(s, preferred):
                     return preferred, est
                 found[2] = (preferred, est)  # staying beats a copy only when no host is within the target
-        bound = self._target_busy(s)
-        for hl in self.order:  # least busy first: once past `bound`, no host further on is within the target
-            past = hl.busy > bound + 1e-9  # (a margin for rounding: `within_target` decides exactly)
-            if past and (found[1] is not None or found[2] is not None):
+        # Within the target: the busiest host that stays within it (best fit). Light sessions pack
+        # together, so empty hosts stay empty for the sessions that need a device nearly to
+        # themselves; a host no busier than `bound` is the only kind that can be within it.
+        for hl, est in self.within(s):
+            if self._escapes(s, hl):
+                return hl, est
+            if found[1] is None:
+                found[1] = (hl, est)
+        if found[1] is not None:
+            return found[1]
+        # Past the target: least busy first, so the fleet's worst chunk latency grows as slowly as it can.
+        for hl in self.order:
+            if found[2] is not None:
                 break
             est = plan.fit(s, hl)
             if not est.fits:
                 continue
-            rank = (0 if not past and plan.within_target(s, hl) else 2) + (0 if self._escapes(s, hl) else 1)
-            if rank == 0:
-                return hl, est
+            rank = 2 + (0 if self._escapes(s, hl) else 1)
             if found[rank] is None:
                 found[rank] = (hl, est)
         return next((f for f in found if f is not None), "no_fit")
+
+    def within(self, s: Session) -> Iterator[tuple[HostLoad, Estimate]]:
+        """The fitting hosts that stay within the latency target with `s`, busiest first (`pack`).
+
+        Only a host no busier than the target's bound can be within it, so the scan starts there.
+        """
+        plan, order = self.plan, self.order
+        end = bisect_right(order, self._target_busy(s) + 1e-9, key=_busy)
+        share = min((t.share for hl in self.profiles if (t := plan.term(s, hl)) is not None), default=0.0)
+        for i in range(end - 1, -1, -1) if self.pack else range(end):
+            hl = order[i]
+            # a resident that could not take even the lightest share within its target rules the host out
+            if hl.busy + share <= plan.room(hl) + 1e-9 and plan.within_target(s, hl):
+                est = plan.fit(s, hl)
+                if est.fits:
+                    yield hl, est
 
     def _target_busy(self, s: Session) -> float:
         """The busiest a host can be and still take `s` within the latency target, over every profile
@@ -91,6 +122,10 @@ class Placer:
 
 def _key(hl: HostLoad) -> tuple[float, str]:
     return (hl.busy, hl.host_id)
+
+
+def _busy(hl: HostLoad) -> float:
+    return hl.busy
 
 
 def place(placer: Placer, s: Session) -> Place | Refusal:

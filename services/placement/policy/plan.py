@@ -8,6 +8,7 @@ until the move commits; only latency predictions credit the source at once.
 
 from __future__ import annotations
 
+import math
 from operator import attrgetter
 
 from libs import admissibility
@@ -33,7 +34,7 @@ class HostLoad:
     """
 
     __slots__ = ("host", "host_id", "open", "pending", "residents", "terms", "members", "kinds", "counts", "n",
-                 "busy", "ms", "receiving", "sending", "escape")
+                 "busy", "ms", "room", "receiving", "sending", "escape")
 
     def __init__(self, host: Host, busy: float) -> None:
         self.host = host
@@ -50,6 +51,7 @@ class HostLoad:
         self.n = 0
         self.busy = busy
         self.ms = 0.0
+        self.room: float | None = None  # Plan.room, once asked (reset whenever the load changes)
         self.receiving = host.moves_in  # moves towards it: in flight, plus this decision's
         self.sending = 0
         self.escape = -1.0  # Plan.escape_bps, once asked
@@ -176,6 +178,15 @@ class Plan:
 
     def refresh(self, hl: HostLoad) -> None:
         hl.ms = latency.host_ms(self.params, hl.kinds.values(), hl.busy, hl.n)
+        hl.room = None
+
+    def room(self, hl: HostLoad) -> float:
+        """The busiest `hl` may get with every session on it still within the latency target (inf where
+        the latency model does not bound it by load): a cheap necessary test before `within_target`."""
+        if hl.room is None:
+            p = self.params
+            hl.room = min((latency.busy_within(p, k) for k in hl.kinds.values()), default=math.inf)
+        return hl.room
 
     def ms_with(self, hl: HostLoad, t: latency.Term) -> float:
         kinds = list(hl.kinds.values())

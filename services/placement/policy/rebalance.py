@@ -22,6 +22,7 @@ import msgspec
 
 from libs.admissibility import MoveVerdict
 from libs.contracts import Estimate
+from services.placement.policy import latency
 from services.placement.policy.actions import Move, Refusal
 from services.placement.policy.plan import HostLoad, Plan
 from services.placement.policy.snapshot import Session
@@ -132,11 +133,15 @@ def _key(hl: HostLoad) -> tuple[float, str]:
     return (hl.ms, hl.host_id)
 
 
-def drain_moves(plan: Plan, *, admit: Gate = admissible, receiver_limit: int = 1) -> tuple[list[Move], list[Refusal]]:
+def drain_moves(plan: Plan, *, admit: Gate = admissible, receiver_limit: int = 1,
+                within_guard: bool = True) -> tuple[list[Move], list[Refusal]]:
     """Move every session off draining hosts: the least loaded fitting receiver whose path admits it.
 
-    Suspended sessions move too (their host-memory copy, frozen: nothing dirties it). A session
-    no receiver can take stays where it is this round, with the reason; the host waits.
+    Suspended sessions move too (their host-memory copy, frozen: nothing dirties it). A serving
+    session moves only where its chunk at cut-over (its latency on the receiver plus the freeze)
+    is no later than the guard band lets its chunks be anyway (`within_guard`): scale-in gives
+    capacity back, it must not make a chunk later than a host filled to the guard would. A
+    session no receiver can take stays where it is this round, with the reason; the host waits.
     """
     moves: list[Move] = []
     refusals: list[Refusal] = []
@@ -148,13 +153,13 @@ def drain_moves(plan: Plan, *, admit: Gate = admissible, receiver_limit: int = 1
         for s in sorted(plan.draining.get(src.host_id, ()), key=lambda x: x.session_id):
             if s.session_id in plan.claimed:
                 continue
-            m = _drain_one(plan, s, src, order, admit, receiver_limit)
+            m = _drain_one(plan, s, src, order, admit, receiver_limit, within_guard)
             (moves if isinstance(m, Move) else refusals).append(m)
     return moves, refusals
 
 
 def _drain_one(plan: Plan, s: Session, src: HostLoad, order: list[HostLoad], admit: Gate,
-               receiver_limit: int) -> Move | Refusal:
+               receiver_limit: int, within_guard: bool) -> Move | Refusal:
     frozen = s.state == "suspended"
     probe = s if not frozen else _frozen(s)
     reason = "no_fit"
@@ -164,6 +169,9 @@ def _drain_one(plan: Plan, s: Session, src: HostLoad, order: list[HostLoad], adm
             continue
         est = plan.fit(s, dst)
         if not frozen and not est.fits:
+            continue
+        if not frozen and within_guard and not _cut_over_within_guard(plan, s, src, dst):
+            reason = reason if reason != "no_fit" else "past_guard"
             continue
         verdict = plan.move_verdict(probe, src, dst)
         if not admit(verdict):
@@ -182,6 +190,18 @@ def _drain_one(plan: Plan, s: Session, src: HostLoad, order: list[HostLoad], adm
                     state_bytes=s.state_bytes, gain_ms=0.0, t_migrate_s=verdict.t_migrate_s,
                     stall_ms=0.0 if frozen else plan.stall_ms(s, rate, s.contract.window_ms or 0.0))
     return Refusal(kind="drain", session_id=s.session_id, host_id=src.host_id, reason=reason)
+
+
+def _cut_over_within_guard(plan: Plan, s: Session, src: HostLoad, dst: HostLoad) -> bool:
+    """The chunk `s` makes at cut-over onto `dst` (its latency there plus the freeze) is no later than
+    the guard band lets any of its chunks be (its latency on a host filled to the guard)."""
+    t = plan.term(s, dst)
+    if t is None:
+        return False
+    p = plan.params
+    stall = plan.stall_ms(s, plan.fleet.paths.rate(src.host, dst.host), t.window_ms)
+    limit = latency.chunk_ms(p, t, 1.0 - p.guard.busy_fraction, p.guard.max_sessions)
+    return latency.chunk_ms(p, t, dst.busy + t.share, dst.n + 1) + stall <= limit
 
 
 def _frozen(s: Session) -> Session:
