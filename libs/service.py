@@ -8,6 +8,7 @@ logic lives elsewhere; this is the thin asyncio shell around it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -80,6 +81,11 @@ class Service:
         self._services_kv = await bus.ensure_kv(self.js, names.SERVICES_BUCKET, ttl_s=ttl,
                                                 replicas=cfg.nats_replicas)
         await self.setup()
+        # What start-up built lives as long as the process (imported modules, torch alone ~150k objects;
+        # connections, mirrors): out of the collector's generations, a full collection, which a busy
+        # loop's allocations set off now and then, no longer walks it (bench.placement: one took a
+        # 1,024-host fleet decision's p99 from ~7 to ~90 ms).
+        gc.freeze()
         if cfg.metrics_port >= 0:
             telemetry.setup(self.name, cfg.telemetry_exporter, cfg.otlp_endpoint, prometheus=True)
             wanted = cfg.metrics_port + cfg.metrics_port_offset if cfg.metrics_port else 0

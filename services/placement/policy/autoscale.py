@@ -4,9 +4,10 @@ Utilisation is the open hosts' busy fraction (measured plus reserved, as `libs.c
 counts it) plus what queued sessions would add, over the open and provisioning hosts. Above
 `scale_out_above` (or with anything queued, or the pre-warmed pool short) it asks for enough
 hosts to bring the fleet to `target_util` plus the pool, and for sessions still queued after
-placement (they fit no open host) at least one host more than it has or expects; below `scale_in_below` it drains the
-least loaded hosts down to that size, never in the same cooldown as the last scale-in, and
-never while hosts are still being provisioned. A draining host is released only once it owns
+placement (they fit no open host) hosts beyond the open ones for their load (at least one),
+those already coming included; below `scale_in_below` it drains the least loaded hosts down to
+that size, never in the same cooldown as the last scale-in, and never while hosts are still
+being provisioned. A draining host is released only once it owns
 no session (serving, moving or suspended) and expects none.
 """
 
@@ -67,8 +68,9 @@ def measure(plan: Plan, queued: list[Session]) -> Scaling:
     busy_hosts = math.ceil(load / p.target_util - 1e-9)
     pool = max(p.warm_pool_hosts, math.ceil(p.warm_pool_frac * busy_hosts), _lead_hosts(plan, opens))
     want = max(p.min_hosts, busy_hosts + pool)
-    if queued:  # they fit no open host now (memory, slots, or load), whatever the fleet's average says
-        want = max(want, have + max(1, math.ceil(waiting / p.target_util - 1e-9)))
+    if queued:  # they fit no open host now (memory, slots, or load), whatever the fleet's average says;
+        # hosts already coming count towards them
+        want = max(want, len(opens) + max(1, math.ceil(waiting / p.target_util - 1e-9)))
     want = min(p.max_hosts, want)
     idle_hosts = sum(1 for hl in opens if not hl.n and not hl.pending) + fleet.provisioning
     return Scaling(load=load, hosts=have, util=load / have if have else math.inf, want=want, pool=pool,
