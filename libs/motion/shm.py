@@ -10,8 +10,9 @@ then says how the bytes will come (`Plan`), once, before its first frame:
   chunk straight out of the sender's memory into the slot (`libs.motion.cma`,
   one kernel copy, nothing mapped on either side) and checksums it while it is
   in cache. The two CRC passes run on the two processes' cores at once. The
-  receiver probes one read first and answers whether pulling works here (a
-  kernel that forbids it gets a push instead).
+  receiver first reads back a random secret the sender announced and answers
+  whether pulling works here: a kernel that forbids the read, or a pid that is
+  another process here, gets a push instead.
 - `push` (a live pre-copy round, a device source, or a refused pull): the sender
   maps exactly the receiver's region (`/proc/<pid>/fd/<fd>`, same user) and
   writes each chunk straight into the staged leaf, checksumming the source as it
@@ -70,11 +71,15 @@ class Ready(msgspec.Struct, array_like=True):
 
 
 class Plan(msgspec.Struct, array_like=True):
-    """The sender's answer to a `memfd` Ready: pull from `leaves` (addresses in process `pid`), or push."""
+    """The sender's answer to a `memfd` Ready: pull from `leaves` (addresses in process `pid`), or push.
+    `secret` lies at `secret_at` in the sender: reading it back proves the receiver reads the sender's
+    memory (not another process's under that pid, in another pid namespace or after a pid was reused)."""
 
     pull: bool
     pid: int = 0
     leaves: list[int] = []
+    secret_at: int = 0
+    secret: bytes = b""
 
 
 class Accepted(msgspec.Struct, array_like=True):
@@ -133,7 +138,7 @@ async def agree(recv: Callable[[int], Awaitable[bytes]], send: Callable[[bytes],
         return None
     if len(plan.leaves) != len(layout.leaves):
         raise IntegrityError("the sender's pull plan does not match the layout")
-    reason = await asyncio.to_thread(_probe, plan, layout)
+    reason = await asyncio.to_thread(_probe, plan)
     await send(message(Accepted(not reason, reason)))
     if reason:
         return None
@@ -141,15 +146,15 @@ async def agree(recv: Callable[[int], Awaitable[bytes]], send: Callable[[bytes],
     return plan
 
 
-def _probe(plan: Plan, layout: Manifest) -> str:
-    probe = np.empty(1, dtype=np.uint8)
-    for address, leaf in zip(plan.leaves, layout.leaves, strict=True):
-        if leaf.nbytes:
-            try:
-                cma.read_into(plan.pid, address, probe)
-            except OSError as e:
-                return str(e)
-            break
+def _probe(plan: Plan) -> str:
+    """Why this receiver cannot pull from the sender ("" when it can)."""
+    got = np.zeros(len(plan.secret), dtype=np.uint8)
+    try:
+        cma.read_into(plan.pid, plan.secret_at, got)
+    except OSError as e:
+        return str(e)
+    if not plan.secret or got.tobytes() != plan.secret:
+        return f"pid {plan.pid} here is not the sender"
     return ""
 
 
@@ -199,6 +204,7 @@ class ShmChannel(Channel):
         self.mapping: mmap.mmap | None = None
         self.plan: Plan | None = None  # memfd mode: fixed by the first round
         self.sources: list[torch.Tensor] = []  # a pull's leaves: kept alive until the receiver has read them
+        self.secret = np.zeros(0, dtype=np.uint8)
         self.handles_sent = False
 
     @classmethod
@@ -262,7 +268,8 @@ class ShmChannel(Channel):
                     for off, leaf in zip(self.ready.leaves, self.layout.leaves, strict=True)]
 
     def _pull_plan(self, views: list[torch.Tensor]) -> Plan:
-        return Plan(True, os.getpid(), [v.data_ptr() for v in views])
+        self.secret = np.frombuffer(os.urandom(16), dtype=np.uint8).copy()  # kept alive until close
+        return Plan(True, os.getpid(), [v.data_ptr() for v in views], self.secret.ctypes.data, self.secret.tobytes())
 
     def _checksum(self, views: list[torch.Tensor], c: Chunk) -> int:
         """A pulled chunk's CRC, taken over the frozen source memory the receiver is about to read."""
@@ -300,8 +307,6 @@ class ShmChannel(Channel):
         self.handles_sent = True
 
     async def end_round(self) -> None:
-        if self.ready.mode == "memfd" and self.plan is None:  # a round with no put_many: the receiver
-            await self._choose([], bounce=True)  # still waits for a plan before its first frame
         await self.stream.end_round()
 
     async def finish(self) -> int:

@@ -153,18 +153,20 @@ async def test_a_frozen_round_is_pulled_and_a_changed_source_is_refused_at_once(
     assert eb.pool.free_bytes == eb.pool.capacity and b.installs == 0  # no peer mapped it: back at once
 
 
-class Unreadable(ShmChannel):
-    """Announces leaf addresses the receiver cannot read (as where the kernel forbids cross-memory reads)."""
+class Impostor(ShmChannel):
+    """Announces a pull whose proof the receiver cannot read back, as when the pid it names is another
+    process there (another pid namespace, a reused pid) or the kernel forbids the read."""
 
     def _pull_plan(self, views):
         plan = super()._pull_plan(views)
-        return type(plan)(True, plan.pid, [8] * len(plan.leaves))  # the zero page: never mapped
+        plan.secret = bytes(b ^ 0xFF for b in plan.secret)
+        return plan
 
 
 async def test_a_refused_pull_falls_back_to_writes_into_the_mapped_region(nc, apart):
     a, _, _, _ = apart
     a.add("s", make_tree(7))
-    ch, got = await one_round(nc, a, "x5", Unreadable, bounce=False)
+    ch, got = await one_round(nc, a, "x5", Impostor, bounce=False)
     assert ch.plan is not None and not ch.plan.pull and ch.mapping is not None
     await ch.close()
     flat = manifest.flatten(a.trees["s"])
