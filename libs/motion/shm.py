@@ -131,8 +131,8 @@ def ready_for(slot: ShadowSlot) -> Ready:
 
 async def agree(recv: Callable[[int], Awaitable[bytes]], send: Callable[[bytes], Awaitable[None]],
                 slot: ShadowSlot, layout: Manifest) -> Plan | None:
-    """Read the sender's plan for a `memfd` slot; for a pull, probe one read of its memory and say whether
-    it works. Returns the plan to pull by, or None when the sender pushes."""
+    """Read the sender's plan for a `memfd` slot; for a pull, read its secret back and say whether pulling
+    works. Returns the plan to pull by, or None when the sender pushes."""
     plan = await _read(recv, Plan)
     if not plan.pull:
         return None
