@@ -76,6 +76,31 @@ def make_state(size_mib: int, leaf_mib: int = 16) -> dict:
     return {"layers": [{"kv": t} for t in leaves], "cursor": 17, "backend": "bench"}
 
 
+def on_huge_pages(tree: dict) -> dict:
+    """The same state with every leaf copied into memory numpy allocated: numpy asks for transparent huge
+    pages for large arrays, torch's allocator only with THP_MEM_ALLOC_ENABLE=1 (engine hosts do not set it)."""
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        a = np.empty(t.numel() * t.element_size(), dtype=np.uint8)
+        a[:] = manifest.crc.byte_view(t).numpy()
+        return torch.from_numpy(a).view(t.dtype).reshape(t.shape)
+
+    return {**tree, "layers": [{"kv": leaf(x["kv"])} for x in tree["layers"]]}
+
+
+def huge_page_fraction(flat: manifest.Flat) -> float:
+    """How much of the state's memory the kernel backs with transparent huge pages (from /proc/self/smaps)."""
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in flat.tensors if t.numel()]
+    huge, lo, hi = 0, 0, 0
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+            elif head == "AnonHugePages:" and any(a < hi and lo < b for a, b in spans):
+                huge += int(line.split()[1]) << 10
+    return min(1.0, huge / max(sum(b - a for a, b in spans), 1))
+
+
 # ---------------------------------------------------------------- the receiver process
 
 
@@ -395,9 +420,10 @@ async def main_async(args) -> dict:
     load_start = os.getloadavg()
     tree = make_state(size)
     flat = manifest.flatten(tree)
+    huge_flat = manifest.flatten(on_huge_pages(tree))
     total = sum(t.numel() * t.element_size() for t in flat.tensors)
     reps = 1 if args.quick else 5
-    n_tokens = 2 * reps * (2 + len(chunk_sizes))
+    n_tokens = 2 * reps * (3 + len(chunk_sizes))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.mover", "--receiver", str(n_tokens), str(total), "--json", "/dev/null",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -406,7 +432,7 @@ async def main_async(args) -> dict:
         raw_port = json.loads(await proc.stdout.readline())["raw_port"]
         tokens = iter(hello["tokens"])
         verified, unverified, raw = [], [], []
-        memcpy, floor, split, kernel_copy, shm_runs, mc_raw, mc_verified = [], [], [], [], [], [], []
+        memcpy, floor, split, kernel_copy, shm_runs, shm_huge, mc_raw, mc_verified = [], [], [], [], [], [], [], []
         src = np.concatenate([manifest.crc.byte_view(t).numpy() for t in flat.tensors])
         dst = np.zeros_like(src)
         sender_engine = MooncakeEngine() if mooncake.TransferEngine is not None else None
@@ -418,6 +444,7 @@ async def main_async(args) -> dict:
             split.append(split_floor_rate(src, dst))
             kernel_copy.append(cross_process_copy_rate(flat, dst))
             shm_runs.append(await shm_rate(hello["addr"], next(tokens), flat, CHUNK))
+            shm_huge.append(await shm_rate(hello["addr"], next(tokens), huge_flat, CHUNK))
             unverified.append(await tcp_rate(hello["addr"], next(tokens), flat, CHUNK, False))
             verified.append(await tcp_rate(hello["addr"], next(tokens), flat, CHUNK, True))
             raw.append(await asyncio.to_thread(raw_rate, raw_port, flat))
@@ -483,12 +510,16 @@ async def main_async(args) -> dict:
         "shm_over_split_floor": med(s / f for s, f in zip(shm_runs, split, strict=True)),
         "cross_process_copy_gbps": common_gbps(med(kernel_copy)),
         "cross_process_copy_over_memcpy": med(k / m for k, m in zip(kernel_copy, memcpy, strict=True)),
+        "shm_huge_pages_gbps": common_gbps(med(shm_huge)),
+        "shm_huge_pages_over_memcpy": med(s / m for s, m in zip(shm_huge, memcpy, strict=True)),
+        "state_huge_page_fraction": {"state": huge_page_fraction(flat), "huge_pages_copy": huge_page_fraction(huge_flat)},
         "cold_move_ms": med(cold), "warm_move_ms": med(warm), "cold_over_warm": med(cold) / med(warm),
         "cold_move_no_pool_ms": med(cold_nopool),
         "runs_gbps": {"memcpy": [common_gbps(x) for x in memcpy], "shm": [common_gbps(x) for x in shm_runs],
                       "verified_copy_floor": [common_gbps(x) for x in floor],
                       "split_floor": [common_gbps(x) for x in split],
                       "cross_process_copy": [common_gbps(x) for x in kernel_copy],
+                      "shm_huge_pages": [common_gbps(x) for x in shm_huge],
                       "mooncake_raw": [common_gbps(x) for x in mc_raw],
                       "mooncake_verified": [common_gbps(x) for x in mc_verified]},
         "runs_ms": {"cold": cold, "warm": warm, "cold_no_pool": cold_nopool},
@@ -570,6 +601,8 @@ def main() -> None:
         ("shm_over_split_floor", result["shm_over_split_floor"], ""),
         ("cross_process_copy_gbps", result["cross_process_copy_gbps"], ""),
         ("cross_process_copy_over_memcpy", result["cross_process_copy_over_memcpy"], ""),
+        ("shm_huge_pages_gbps", result["shm_huge_pages_gbps"], ""),
+        ("shm_huge_pages_over_memcpy", result["shm_huge_pages_over_memcpy"], ""),
         ("cold_move_ms", result["cold_move_ms"], ""),
         ("warm_move_ms", result["warm_move_ms"], ""),
         ("cold_over_warm", result["cold_over_warm"], TARGETS["cold_over_warm"]),
