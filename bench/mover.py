@@ -29,7 +29,7 @@ import torch
 from bench import common, mover_faults
 from libs import bus, names
 from libs.errors import NotFound, Unauthorized
-from libs.motion import crc, manifest, mooncake, netio
+from libs.motion import cma, crc, manifest, mooncake, netio
 from libs.motion.endpoint import MotionEndpoint
 from libs.motion.mooncake import MooncakeChannel, MooncakeEngine
 from libs.motion.pool import StagingPool
@@ -58,6 +58,7 @@ TARGETS = {"shm_over_memcpy": ">= 0.6", "cold_over_warm": "<= 1.2", "mooncake_ve
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.int64, torch.uint8)
 CHUNK = 4 << 20  # the main comparison's chunk size (the sweep covers 64 KiB .. 4 MiB)
 FLOOR_PIECE = 256 << 10  # the piece size the checked copies use (libs/motion/checked_copy.py)
+PULL_PIECE = 1 << 20  # the piece size a same-machine pull reads and checks (libs/motion/checked_copy.py)
 
 
 def make_state(size_mib: int, leaf_mib: int = 16) -> dict:
@@ -73,6 +74,31 @@ def make_state(size_mib: int, leaf_mib: int = 16) -> dict:
         left -= n
         i += 1
     return {"layers": [{"kv": t} for t in leaves], "cursor": 17, "backend": "bench"}
+
+
+def on_huge_pages(tree: dict) -> dict:
+    """The same state with every leaf copied into memory numpy allocated: numpy asks for transparent huge
+    pages for large arrays, torch's allocator only with THP_MEM_ALLOC_ENABLE=1 (engine hosts do not set it)."""
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        a = np.empty(t.numel() * t.element_size(), dtype=np.uint8)
+        a[:] = manifest.crc.byte_view(t).numpy()
+        return torch.from_numpy(a).view(t.dtype).reshape(t.shape)
+
+    return {**tree, "layers": [{"kv": leaf(x["kv"])} for x in tree["layers"]]}
+
+
+def huge_page_fraction(flat: manifest.Flat) -> float:
+    """How much of the state's memory the kernel backs with transparent huge pages (from /proc/self/smaps)."""
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in flat.tensors if t.numel()]
+    huge, lo, hi = 0, 0, 0
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+            elif head == "AnonHugePages:" and any(a < hi and lo < b for a, b in spans):
+                huge += int(line.split()[1]) << 10
+    return min(1.0, huge / max(sum(b - a for a, b in spans), 1))
 
 
 # ---------------------------------------------------------------- the receiver process
@@ -211,6 +237,66 @@ def verified_copy_floor_rate(src: np.ndarray, dst: np.ndarray) -> float:
     return src.nbytes / (time.perf_counter() - t0)
 
 
+def cross_process_copy_rate(flat: manifest.Flat, dst: np.ndarray) -> float:
+    """The kernel's copy of a process's memory into another buffer (`process_vm_readv`, what a pulled
+    same-machine move's receiver does per chunk, here with no CRC), over the state's own leaves: torch
+    allocates them in 4 KiB pages, and the kernel pins each page it copies. The same call and the same
+    per-page work as between two processes (here it reads this process's own memory)."""
+    pid, at = os.getpid(), 0
+    t0 = time.perf_counter()
+    for t in flat.tensors:
+        v = manifest.crc.byte_view(t)
+        for off in range(0, v.numel(), CHUNK):
+            n = min(CHUNK, v.numel() - off)
+            cma.read_into(pid, v.data_ptr() + off, dst[at:at + n])
+            at += n
+    return at / (time.perf_counter() - t0)
+
+
+def split_floor_rate(src: np.ndarray, dst: np.ndarray, lead: int = 2) -> float:
+    """The verified copy a move between two processes can at best be, on two cores with no transport:
+    the source's CRC and the destination's CRC must run in different processes, so one thread CRCs each
+    4 MiB source chunk while a second thread copies the chunks the first has checksummed (at most `lead`
+    behind, so it reads them from cache) and CRCs each 1 MiB piece of the copy right after copying it."""
+    n = -(-src.size // CHUNK)
+    done, copied = [0], [0]
+    src_crcs, dst_crcs = [0] * n, [0] * n
+    cv = threading.Condition()
+
+    def source() -> None:
+        for i in range(n):
+            with cv:
+                cv.wait_for(lambda i=i: i - copied[0] < lead)
+            src_crcs[i] = crc.crc(src[i * CHUNK:(i + 1) * CHUNK])
+            with cv:
+                done[0] = i + 1
+                cv.notify_all()
+
+    def destination() -> None:
+        for i in range(n):
+            with cv:
+                cv.wait_for(lambda i=i: done[0] > i)
+            value = 0
+            for start in range(i * CHUNK, min((i + 1) * CHUNK, src.size), PULL_PIECE):
+                piece = dst[start:start + PULL_PIECE]
+                piece[:] = src[start:start + piece.size]
+                value = crc.crc(piece, value)
+            dst_crcs[i] = value
+            with cv:
+                copied[0] = i + 1
+                cv.notify_all()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=source), threading.Thread(target=destination)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    assert src_crcs == dst_crcs
+    return src.nbytes / seconds
+
+
 def raw_rate(port: int, flat: manifest.Flat) -> float:
     views = [manifest.crc.byte_view(t).numpy() for t in flat.tensors]
     total = sum(v.nbytes for v in views)
@@ -334,9 +420,10 @@ async def main_async(args) -> dict:
     load_start = os.getloadavg()
     tree = make_state(size)
     flat = manifest.flatten(tree)
+    huge_flat = manifest.flatten(on_huge_pages(tree))
     total = sum(t.numel() * t.element_size() for t in flat.tensors)
     reps = 1 if args.quick else 5
-    n_tokens = 2 * reps * (2 + len(chunk_sizes))
+    n_tokens = 2 * reps * (3 + len(chunk_sizes))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.mover", "--receiver", str(n_tokens), str(total), "--json", "/dev/null",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -345,7 +432,7 @@ async def main_async(args) -> dict:
         raw_port = json.loads(await proc.stdout.readline())["raw_port"]
         tokens = iter(hello["tokens"])
         verified, unverified, raw = [], [], []
-        memcpy, floor, shm_runs, mc_raw, mc_verified = [], [], [], [], []
+        memcpy, floor, split, kernel_copy, shm_runs, shm_huge, mc_raw, mc_verified = [], [], [], [], [], [], [], []
         src = np.concatenate([manifest.crc.byte_view(t).numpy() for t in flat.tensors])
         dst = np.zeros_like(src)
         sender_engine = MooncakeEngine() if mooncake.TransferEngine is not None else None
@@ -354,7 +441,10 @@ async def main_async(args) -> dict:
         for _ in common.progress(range(reps), reps, "interleaved rounds"):
             memcpy.append(memcpy_rate(src, dst))
             floor.append(verified_copy_floor_rate(src, dst))
+            split.append(split_floor_rate(src, dst))
+            kernel_copy.append(cross_process_copy_rate(flat, dst))
             shm_runs.append(await shm_rate(hello["addr"], next(tokens), flat, CHUNK))
+            shm_huge.append(await shm_rate(hello["addr"], next(tokens), huge_flat, CHUNK))
             unverified.append(await tcp_rate(hello["addr"], next(tokens), flat, CHUNK, False))
             verified.append(await tcp_rate(hello["addr"], next(tokens), flat, CHUNK, True))
             raw.append(await asyncio.to_thread(raw_rate, raw_port, flat))
@@ -415,9 +505,21 @@ async def main_async(args) -> dict:
         "verified_copy_floor_gbps": common_gbps(med(floor)),
         "floor_over_memcpy": med(f / m for f, m in zip(floor, memcpy, strict=True)),
         "shm_over_floor": med(s / f for s, f in zip(shm_runs, floor, strict=True)),
+        "split_floor_gbps": common_gbps(med(split)),
+        "split_floor_over_memcpy": med(f / m for f, m in zip(split, memcpy, strict=True)),
+        "shm_over_split_floor": med(s / f for s, f in zip(shm_runs, split, strict=True)),
+        "cross_process_copy_gbps": common_gbps(med(kernel_copy)),
+        "cross_process_copy_over_memcpy": med(k / m for k, m in zip(kernel_copy, memcpy, strict=True)),
+        "shm_huge_pages_gbps": common_gbps(med(shm_huge)),
+        "shm_huge_pages_over_memcpy": med(s / m for s, m in zip(shm_huge, memcpy, strict=True)),
+        "state_huge_page_fraction": {"state": huge_page_fraction(flat), "huge_pages_copy": huge_page_fraction(huge_flat)},
         "cold_move_ms": med(cold), "warm_move_ms": med(warm), "cold_over_warm": med(cold) / med(warm),
         "cold_move_no_pool_ms": med(cold_nopool),
         "runs_gbps": {"memcpy": [common_gbps(x) for x in memcpy], "shm": [common_gbps(x) for x in shm_runs],
+                      "verified_copy_floor": [common_gbps(x) for x in floor],
+                      "split_floor": [common_gbps(x) for x in split],
+                      "cross_process_copy": [common_gbps(x) for x in kernel_copy],
+                      "shm_huge_pages": [common_gbps(x) for x in shm_huge],
                       "mooncake_raw": [common_gbps(x) for x in mc_raw],
                       "mooncake_verified": [common_gbps(x) for x in mc_verified]},
         "runs_ms": {"cold": cold, "warm": warm, "cold_no_pool": cold_nopool},
@@ -494,6 +596,13 @@ def main() -> None:
         ("verified_copy_floor_gbps", result["verified_copy_floor_gbps"], ""),
         ("floor_over_memcpy", result["floor_over_memcpy"], ""),
         ("shm_over_floor", result["shm_over_floor"], ""),
+        ("split_floor_gbps", result["split_floor_gbps"], ""),
+        ("split_floor_over_memcpy", result["split_floor_over_memcpy"], ""),
+        ("shm_over_split_floor", result["shm_over_split_floor"], ""),
+        ("cross_process_copy_gbps", result["cross_process_copy_gbps"], ""),
+        ("cross_process_copy_over_memcpy", result["cross_process_copy_over_memcpy"], ""),
+        ("shm_huge_pages_gbps", result["shm_huge_pages_gbps"], ""),
+        ("shm_huge_pages_over_memcpy", result["shm_huge_pages_over_memcpy"], ""),
         ("cold_move_ms", result["cold_move_ms"], ""),
         ("warm_move_ms", result["warm_move_ms"], ""),
         ("cold_over_warm", result["cold_over_warm"], TARGETS["cold_over_warm"]),

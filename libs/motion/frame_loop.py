@@ -32,8 +32,8 @@ def receive_frames(conn: socket.socket, slot: ShadowSlot, flags: int, itemsizes:
     """Read frames until DONE with every chunk checked; raise on the first thing that is wrong.
 
     `out_of_band`: the codec whose chunks arrive by another path (Mooncake, shared memory), their frames
-    without payload; `pull`: for those, fetch the chunk into its region and check it (CUDA IPC), where
-    the sender did not write it in place."""
+    without payload; `pull`: for those, fetch the chunk into its region and check it (CUDA IPC, or a read
+    of a frozen host sender's memory), where the sender did not write it in place."""
     checks: deque[Future] = deque()
     seq, in_round = 0, 0
     try:

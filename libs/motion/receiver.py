@@ -154,10 +154,12 @@ class DataPlane:
             elif kind == "shm":
                 offer = shm.ready_for(slot)
                 await asyncio.to_thread(conn.sendall, shm.message(offer))
+                recv = functools.partial(asyncio.to_thread, netio.recv_bytes, conn)
                 if offer.mode == "cuda_ipc":
-                    sources = shm.open_sources(
-                        await shm.read_handles(lambda n: asyncio.to_thread(netio.recv_bytes, conn, n)), layout)
+                    sources = shm.open_sources(await shm.read_handles(recv), layout)
                     pull = functools.partial(shm.pull_and_check, slot, sources, torch.cuda.Stream(slot.device))
+                elif plan := await shm.agree(recv, functools.partial(asyncio.to_thread, conn.sendall), slot, layout):
+                    pull = functools.partial(shm.pull_host, slot, plan)
             oob = codec_id if kind in ("mooncake", "shm") else None
             await asyncio.to_thread(receive_frames, conn, slot, flags, itemsizes, oob, self.depth, pull)
             if kind == "shm":

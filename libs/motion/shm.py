@@ -2,9 +2,21 @@
 
 Host slots (`memfd` mode): every host slot lives in a memfd region (the staging
 pool's, or a fresh one; `libs.motion.pool`). The receiver tells the sender its
-pid, the region's fd, offset and length and each leaf's place in it; the sender
-maps exactly that region (`/proc/<pid>/fd/<fd>`, same user) and writes each
-chunk straight into the staged leaf, checksumming the source as it copies.
+pid, the region's fd, offset and length and each leaf's place in it. The sender
+then says how the bytes will come (`Plan`), once, before its first frame:
+
+- `pull` (a frozen host source, the stop-and-copy case): the sender gives its pid
+  and each leaf's address and only checksums its chunks; the receiver reads each
+  chunk straight out of the sender's memory into the slot (`libs.motion.cma`,
+  one kernel copy, nothing mapped on either side) and checksums it while it is
+  in cache. The two CRC passes run on the two processes' cores at once. The
+  receiver first reads back a random secret the sender announced and answers
+  whether pulling works here: a kernel that forbids the read, or a pid that is
+  another process here, gets a push instead.
+- `push` (a live pre-copy round, a device source, or a refused pull): the sender
+  maps exactly the receiver's region (`/proc/<pid>/fd/<fd>`, same user) and
+  writes each chunk straight into the staged leaf, checksumming the source as it
+  copies.
 
 Device slots (`cuda_ipc` mode, source and destination on CUDA): the sender
 sends CUDA IPC handles of its (frozen) leaf storages; the receiver opens them
@@ -15,7 +27,8 @@ acknowledgement travel on the TCP control stream exactly as for TCP payloads
 (a frame with the `shm` codec carries none), and the receiver checksums every
 chunk over its own staged memory before it counts. The sender unmaps on every
 outcome; a pooled region a peer mapped stays out of the pool after a failed
-move until no other process maps it (`StagingPool.expose`).
+move until no other process maps it (`StagingPool.expose`). A pulled region is
+never mapped by a peer, and only the receiver's own threads write it.
 """
 
 from __future__ import annotations
@@ -33,8 +46,8 @@ import numpy as np
 import torch
 
 from libs.errors import IntegrityError, Unavailable
-from libs.motion import wire
-from libs.motion.checked_copy import check_staged, copy_out
+from libs.motion import cma, crc, wire
+from libs.motion.checked_copy import check_staged, copy_out, pull_checked
 from libs.motion.prefetch import Prefetch
 from libs.motion.slot import ShadowSlot
 from libs.motion.stream import FrameStream
@@ -55,6 +68,25 @@ class Ready(msgspec.Struct, array_like=True):
     offset: int = 0
     length: int = 0
     leaves: list[int] = []  # each leaf's byte offset within the region
+
+
+class Plan(msgspec.Struct, array_like=True):
+    """The sender's answer to a `memfd` Ready: pull from `leaves` (addresses in process `pid`), or push.
+    `secret` lies at `secret_at` in the sender: reading it back proves the receiver reads the sender's
+    memory (not another process's under that pid, in another pid namespace or after a pid was reused)."""
+
+    pull: bool
+    pid: int = 0
+    leaves: list[int] = []
+    secret_at: int = 0
+    secret: bytes = b""
+
+
+class Accepted(msgspec.Struct, array_like=True):
+    """The receiver's answer to a pull plan: whether it could read the sender's memory."""
+
+    pull: bool
+    reason: str = ""
 
 
 class CudaLeaf(msgspec.Struct, array_like=True):
@@ -97,6 +129,43 @@ def ready_for(slot: ShadowSlot) -> Ready:
     return Ready("memfd", os.getpid(), m.fd, m.offset, m.length, slot.leaf_offsets)
 
 
+async def agree(recv: Callable[[int], Awaitable[bytes]], send: Callable[[bytes], Awaitable[None]],
+                slot: ShadowSlot, layout: Manifest) -> Plan | None:
+    """Read the sender's plan for a `memfd` slot; for a pull, read its secret back and say whether pulling
+    works. Returns the plan to pull by, or None when the sender pushes."""
+    plan = await _read(recv, Plan)
+    if not plan.pull:
+        return None
+    if len(plan.leaves) != len(layout.leaves):
+        raise IntegrityError("the sender's pull plan does not match the layout")
+    reason = await asyncio.to_thread(_probe, plan)
+    await send(message(Accepted(not reason, reason)))
+    if reason:
+        return None
+    settle(slot)  # no peer maps this region: only our own reads write it
+    return plan
+
+
+def _probe(plan: Plan) -> str:
+    """Why this receiver cannot pull from the sender ("" when it can)."""
+    got = np.zeros(len(plan.secret), dtype=np.uint8)
+    try:
+        cma.read_into(plan.pid, plan.secret_at, got)
+    except OSError as e:
+        return str(e)
+    if not plan.secret or got.tobytes() != plan.secret:
+        return f"pid {plan.pid} here is not the sender"
+    return ""
+
+
+def pull_host(slot: ShadowSlot, plan: Plan, f: wire.Frame, region: torch.Tensor) -> None:
+    """Read one chunk from the sender's frozen memory into `region` and check it against the frame's CRC."""
+    try:
+        pull_checked(slot, f.leaf, f.offset, region, plan.pid, plan.leaves[f.leaf] + f.offset, f.crc)
+    except OSError as e:
+        raise Unavailable(f"cannot read the sender's memory (gone mid-copy?): {e}") from None
+
+
 def settle(slot: ShadowSlot) -> None:
     """Every frame arrived: the sender has no writes left, the region may go back to the pool as usual."""
     if slot.pool is not None and slot.memory is not None and slot.memory.pooled:
@@ -129,8 +198,13 @@ def pull_and_check(slot: ShadowSlot, sources: list[torch.Tensor], stream, f: wir
 
 
 class ShmChannel(Channel):
-    def __init__(self, stream: FrameStream, ready: Ready, dst: list[torch.Tensor], mapping: mmap.mmap | None) -> None:
-        self.stream, self.ready, self.dst, self.mapping = stream, ready, dst, mapping
+    def __init__(self, stream: FrameStream, ready: Ready, layout: Manifest) -> None:
+        self.stream, self.ready, self.layout = stream, ready, layout
+        self.dst: list[torch.Tensor] = []
+        self.mapping: mmap.mmap | None = None
+        self.plan: Plan | None = None  # memfd mode: fixed by the first round
+        self.sources: list[torch.Tensor] = []  # a pull's leaves: kept alive until the receiver has read them
+        self.secret = np.zeros(0, dtype=np.uint8)
         self.handles_sent = False
 
     @classmethod
@@ -138,18 +212,11 @@ class ShmChannel(Channel):
         stream = await FrameStream.open(dest_addr, token, layout, chunk_bytes, codec="shm")
         try:
             ready = await _read(stream.recv, Ready)
-            if ready.mode == "cuda_ipc":
-                return cls(stream, ready, [], None)
-            mapping = await asyncio.to_thread(_map, ready)
-            arena = np.frombuffer(mapping, dtype=np.uint8)
-            if len(ready.leaves) != len(layout.leaves) or any(
-                    off < 0 or off + leaf.nbytes > ready.length for off, leaf in zip(ready.leaves, layout.leaves, strict=True)):
+            if ready.mode == "memfd" and (len(ready.leaves) != len(layout.leaves) or any(
+                    off < 0 or off + leaf.nbytes > ready.length
+                    for off, leaf in zip(ready.leaves, layout.leaves, strict=True))):
                 raise IntegrityError("the receiver's region does not hold the layout")
-            dst = [torch.from_numpy(arena[off:off + leaf.nbytes]) for off, leaf in zip(ready.leaves, layout.leaves, strict=True)]
-            return cls(stream, ready, dst, mapping)
-        except OSError as e:
-            await stream.close()
-            raise Unavailable(f"cannot map the receiver's shared memory: {e}") from None
+            return cls(stream, ready, layout)
         except BaseException:
             await stream.close()
             raise
@@ -168,16 +235,54 @@ class ShmChannel(Channel):
                 await self._send_handles(views, bounce)
                 read = functools.partial(read_chunk, views, bounce=False, checksum=True)
                 return await asyncio.to_thread(self._send_round, chunks, lambda c: read(c)[1])
+            if self.plan is None:
+                await self._choose(views, bounce)
+            assert self.plan is not None
+            if self.plan.pull:
+                if bounce or [v.data_ptr() for v in views] != [s.data_ptr() for s in self.sources]:
+                    raise Unavailable("a pulled move sends frozen rounds of the leaves it announced")
+                return await asyncio.to_thread(self._send_round, chunks, functools.partial(self._checksum, views))
             return await asyncio.to_thread(self._send_round, chunks, functools.partial(self._copy, views, bounce))
         except OSError as e:
             raise Unavailable(f"data plane connection lost: {e}") from None
+
+    async def _choose(self, views: list[torch.Tensor], bounce: bool) -> None:
+        """Pull where the round is frozen host memory and the receiver can read it; otherwise map and push."""
+        if not bounce and all(v.device.type == "cpu" for v in views):
+            pull = self._pull_plan(views)
+            self.sources = list(views)
+            await self.stream.send(message(pull))
+            if (await _read(self.stream.recv, Accepted)).pull:
+                self.plan = pull
+                return
+            self.sources = []
+        else:
+            await self.stream.send(message(Plan(False)))
+        self.plan = Plan(False)
+        try:
+            self.mapping = await asyncio.to_thread(_map, self.ready)
+        except OSError as e:
+            raise Unavailable(f"cannot map the receiver's shared memory: {e}") from None
+        arena = np.frombuffer(self.mapping, dtype=np.uint8)
+        self.dst = [torch.from_numpy(arena[off:off + leaf.nbytes])
+                    for off, leaf in zip(self.ready.leaves, self.layout.leaves, strict=True)]
+
+    def _pull_plan(self, views: list[torch.Tensor]) -> Plan:
+        self.secret = np.frombuffer(os.urandom(16), dtype=np.uint8).copy()  # kept alive until close
+        return Plan(True, os.getpid(), [v.data_ptr() for v in views], self.secret.ctypes.data, self.secret.tobytes())
+
+    def _checksum(self, views: list[torch.Tensor], c: Chunk) -> int:
+        """A pulled chunk's CRC, taken over the frozen source memory the receiver is about to read."""
+        leaf, off, n = c
+        return crc.crc_bytes(views[leaf][off:off + n])
 
     def _copy(self, views: list[torch.Tensor], bounce: bool, c: Chunk) -> int:
         leaf, off, n = c
         return copy_out(self.dst[leaf][off:off + n], views[leaf][off:off + n], bounce=bounce)
 
     def _send_round(self, chunks: list[Chunk], job) -> list[int]:
-        """Each chunk's frame goes out as soon as its bytes are in place (copies run ahead on the pool)."""
+        """Each chunk's frame goes out as soon as its bytes are in place, or (pull) checksummed for the
+        receiver to read; that work runs ahead on the pool."""
         out: list[int] = []
         with Prefetch(job, chunks) as ahead:
             for (leaf, off, n), fut in zip(chunks, ahead, strict=True):
@@ -209,7 +314,7 @@ class ShmChannel(Channel):
 
     async def close(self) -> None:
         await self.stream.close()
-        self.dst = []
+        self.dst, self.sources = [], []
         if self.mapping is not None:
             with contextlib.suppress(BufferError):  # a view still alive somewhere: unmapped when it goes
                 self.mapping.close()

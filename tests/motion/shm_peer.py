@@ -1,7 +1,9 @@
 """One side of a same-machine move in its own process, for the kill tests (`python -m tests.motion.shm_peer`).
 
     receiver STATE_BYTES           serve one slot on a DataPlane; print {"addr", "token"}; run until killed
-    sender ADDR TOKEN MIB          map the receiver's region, send half the chunks, print "half", wait
+    sender ADDR TOKEN MIB WAY      send half the chunks, print "half", wait; WAY "push" (a live round:
+                                   map the receiver's region, write into it) or "pull" (a frozen round:
+                                   the receiver reads this process's memory)
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ async def receiver(state_bytes: int) -> None:
     await asyncio.Event().wait()
 
 
-async def sender(addr: str, token: str, mib: int) -> None:
+async def sender(addr: str, token: str, mib: int, way: str) -> None:
     flat = state(mib)
     layout = manifest.build("s", flat, [0] * len(flat.tensors))
     ch = await ShmChannel.open(addr, token, layout, CHUNK)
     chunks = chunk_grid(flat, CHUNK)
-    await ch.put_many([manifest.crc.byte_view(t) for t in flat.tensors], chunks[:len(chunks) // 2], bounce=False)
+    await ch.put_many([manifest.crc.byte_view(t) for t in flat.tensors], chunks[:len(chunks) // 2],
+                      bounce=way == "push")
     print("half", flush=True)
     await asyncio.Event().wait()
 
@@ -54,4 +57,4 @@ if __name__ == "__main__":
     if role == "receiver":
         asyncio.run(receiver(int(args[0])))
     else:
-        asyncio.run(sender(args[0], args[1], int(args[2])))
+        asyncio.run(sender(args[0], args[1], int(args[2]), args[3]))

@@ -17,8 +17,9 @@ from libs import bus
 from libs.errors import IntegrityError, Unavailable
 from libs.motion import inprocess, manifest, pool, route
 from libs.motion.endpoint import MotionEndpoint
-from libs.motion.sender import chunk_grid
+from libs.motion.sender import chunk_grid, leaf_crcs_from_chunks
 from libs.motion.shm import ShmChannel
+from libs.motion.slot import staged_digest
 from libs.schemas.motion import Manifest, RegisterState, SlotRequest, Verified
 from tests.motion.dicthost import DictHost, make_tree, tree_bytes
 from tests.motion.shm_peer import CHUNK, state
@@ -100,24 +101,77 @@ class Scribbling(ShmChannel):
         return value
 
 
+async def one_round(nc, host: DictHost, move_id: str, kind: type[ShmChannel], *, bounce: bool):
+    """Open a `kind` channel to b's data plane for a's session "s" and move it in one round; returns the
+    channel (still open) and either (chunk CRCs, the receiver's digest) or the exception that ended it."""
+    flat = manifest.flatten(host.trees["s"])
+    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
+    v = await admit(nc, m, move_id)
+    ch = await kind.open(v.data_addr, v.token, manifest.build("s", flat, [0] * len(flat.tensors)), 32 << 10)
+    try:
+        crcs = await ch.put_many([manifest.crc.byte_view(t) for t in flat.tensors], chunk_grid(flat, 32 << 10),
+                                 bounce=bounce)
+        await ch.end_round()
+        return ch, (crcs, await ch.finish())
+    except (IntegrityError, Unavailable) as e:
+        return ch, e
+
+
 async def test_a_damaged_shared_chunk_is_refused_and_its_region_waits_for_the_sender(nc, apart):
     a, b, _, eb = apart
     a.add("s", make_tree(7))
-    flat = manifest.flatten(a.trees["s"])
-    m = await bus.request(nc, verb("a", "register_state"), RegisterState(session_id="s"), Manifest)
-    v = await admit(nc, m, "x3")
-    ch = await Scribbling.open(v.data_addr, v.token, manifest.build("s", flat, [0] * len(flat.tensors)), 32 << 10)
-    with pytest.raises((IntegrityError, Unavailable)):  # refused by its CRC (maybe before the sender is done)
-        await ch.put_many([manifest.crc.byte_view(t) for t in flat.tensors], chunk_grid(flat, 32 << 10),
-                          bounce=False)
-        await ch.end_round()
-        await ch.finish()
+    # a live (pre-copy) round: the sender maps the receiver's region and writes into it
+    ch, got = await one_round(nc, a, "x3", Scribbling, bounce=True)
+    assert isinstance(got, (IntegrityError, Unavailable))  # refused by its CRC (maybe before the sender is done)
     gc.collect()
     eb.pool.take(0)
     assert eb.pool.free_bytes < eb.pool.capacity  # the failed slot's region: still mapped by the sender
     await ch.close()
     eb.pool.take(0)
     assert eb.pool.free_bytes == eb.pool.capacity and b.installs == 0
+
+
+class Thawing(ShmChannel):
+    """A source that changes a byte of the first chunk after taking its CRC, before the receiver reads it."""
+
+    def _checksum(self, views, c):
+        value = super()._checksum(views, c)
+        if c[0] == 0 and c[1] == 0:
+            views[0][5] ^= 0xFF
+        return value
+
+
+async def test_a_frozen_round_is_pulled_and_a_changed_source_is_refused_at_once(nc, apart):
+    a, b, _, eb = apart
+    a.add("s", make_tree(7))
+    ch, got = await one_round(nc, a, "x4", Thawing, bounce=False)
+    assert isinstance(got, (IntegrityError, Unavailable))  # the receiver's CRC of what it read != the sender's
+    assert ch.plan is not None and ch.plan.pull and ch.mapping is None  # pulled: nothing of the receiver mapped
+    await ch.close()
+    gc.collect()
+    eb.pool.take(0)
+    assert eb.pool.free_bytes == eb.pool.capacity and b.installs == 0  # no peer mapped it: back at once
+
+
+class Impostor(ShmChannel):
+    """Announces a pull whose proof the receiver cannot read back, as when the pid it names is another
+    process there (another pid namespace, a reused pid) or the kernel forbids the read."""
+
+    def _pull_plan(self, views):
+        plan = super()._pull_plan(views)
+        plan.secret = bytes(b ^ 0xFF for b in plan.secret)
+        return plan
+
+
+async def test_a_refused_pull_falls_back_to_writes_into_the_mapped_region(nc, apart):
+    a, _, _, _ = apart
+    a.add("s", make_tree(7))
+    ch, got = await one_round(nc, a, "x5", Impostor, bounce=False)
+    assert ch.plan is not None and not ch.plan.pull and ch.mapping is not None
+    await ch.close()
+    flat = manifest.flatten(a.trees["s"])
+    crcs, digest = got
+    assert digest == staged_digest(leaf_crcs_from_chunks(flat, chunk_grid(flat, 32 << 10), crcs))
 
 
 # ---------------------------------------------------------------- kill either side mid-copy
@@ -137,7 +191,8 @@ async def peer(*args: str) -> asyncio.subprocess.Process:
                                                 stdout=asyncio.subprocess.PIPE, cwd=os.getcwd())
 
 
-async def test_killed_sender_leaves_nothing_and_the_region_returns():
+@pytest.mark.parametrize("way", ["push", "pull"])
+async def test_killed_sender_leaves_nothing_and_the_region_returns(way):
     from libs.motion.receiver import DataPlane
     from libs.motion.slot import ShadowSlot
 
@@ -152,14 +207,18 @@ async def test_killed_sender_leaves_nothing_and_the_region_returns():
     plane = DataPlane(claim)
     addr = await plane.start()
     try:
-        proc = await peer("sender", addr, "cd" * 16, "32")
+        proc = await peer("sender", addr, "cd" * 16, "32", way)
         assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"half"
-        assert pool.peer_mappings(arena.inode, arena.base_ptr)  # mid-copy: the sender maps the slot's region
-        slots[0].fail("lease expired")  # the receiver gives up first: the region must not be reused yet
-        slots.clear()
-        gc.collect()
-        arena.take(0)
-        assert arena.free_bytes < arena.capacity
+        if way == "push":
+            assert pool.peer_mappings(arena.inode, arena.base_ptr)  # mid-copy: the sender maps the slot's region
+            slots[0].fail("lease expired")  # the receiver gives up first: the region must not be reused yet
+            slots.clear()
+            gc.collect()
+            arena.take(0)
+            assert arena.free_bytes < arena.capacity
+        else:  # the receiver reads the sender's memory: nothing of the slot is mapped anywhere else
+            assert not pool.peer_mappings(arena.inode, arena.base_ptr)
+            slots.clear()
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
         if plane._conns:  # the receiver's connection sees the hang-up and lets go of the slot
@@ -172,7 +231,8 @@ async def test_killed_sender_leaves_nothing_and_the_region_returns():
     assert shm_names() == before
 
 
-async def test_killed_receiver_leaves_the_sender_nothing_mapped():
+@pytest.mark.parametrize("live", [True, False])
+async def test_killed_receiver_leaves_the_sender_nothing_mapped(live):
     before = shm_names()
     proc = await peer("receiver", str(32 << 20))
     hello = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
@@ -180,12 +240,12 @@ async def test_killed_receiver_leaves_the_sender_nothing_mapped():
     ch = await ShmChannel.open(hello["addr"], hello["token"], manifest.build("s", flat, [0]), CHUNK)
     chunks = chunk_grid(flat, CHUNK)
     views = [manifest.crc.byte_view(t) for t in flat.tensors]
-    await ch.put_many(views, chunks[:len(chunks) // 2], bounce=False)
-    assert memfd_maps(os.getpid())  # mid-copy: the receiver's region is mapped here
+    await ch.put_many(views, chunks[:len(chunks) // 2], bounce=live)
+    assert bool(memfd_maps(os.getpid())) == live  # mid-copy: a live round writes into the mapped region
     proc.send_signal(signal.SIGKILL)
     await proc.wait()
     with pytest.raises((Unavailable, IntegrityError)):
-        await ch.put_many(views, chunks[len(chunks) // 2:], bounce=False)
+        await ch.put_many(views, chunks[len(chunks) // 2:], bounce=live)
         await ch.finish()
     await ch.close()
     gc.collect()
