@@ -234,6 +234,9 @@ async def test_killed_sender_leaves_nothing_and_the_region_returns(way):
 @pytest.mark.parametrize("live", [True, False])
 async def test_killed_receiver_leaves_the_sender_nothing_mapped(live):
     before = shm_names()
+    gc.collect()
+    # regions this process maps for other reasons (another test's pool not yet collected) are not ours
+    others = set(memfd_maps(os.getpid()))
     proc = await peer("receiver", str(32 << 20))
     hello = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
     flat = state(32)
@@ -241,7 +244,7 @@ async def test_killed_receiver_leaves_the_sender_nothing_mapped(live):
     chunks = chunk_grid(flat, CHUNK)
     views = [manifest.crc.byte_view(t) for t in flat.tensors]
     await ch.put_many(views, chunks[:len(chunks) // 2], bounce=live)
-    assert bool(memfd_maps(os.getpid())) == live  # mid-copy: a live round writes into the mapped region
+    assert bool(set(memfd_maps(os.getpid())) - others) == live  # mid-copy: a live round writes into the mapped region
     proc.send_signal(signal.SIGKILL)
     await proc.wait()
     with pytest.raises((Unavailable, IntegrityError)):
@@ -249,4 +252,4 @@ async def test_killed_receiver_leaves_the_sender_nothing_mapped(live):
         await ch.finish()
     await ch.close()
     gc.collect()
-    assert memfd_maps(os.getpid()) == [] and shm_names() == before
+    assert set(memfd_maps(os.getpid())) <= others and shm_names() == before
