@@ -21,6 +21,10 @@ from libs.schemas.motion import MoveReceipt
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
+# The sessions run at the avatar's best tier (floor 8), its costliest quantum, so that moving one off a host
+# with several saves more than a same-machine move's predicted freeze (below). At its lowest tier a quiet
+# machine's learned costs made every move's cut-over chunk later than what it saved, so no move paid for
+# itself and the rebalancer rightly made none (a CI run failed so).
 # What the autoscaler counts as load is each session's promise at its quality floor, at the costs its host
 # learned while serving (`libs.contracts`). For an avatar C1 session that share is no constant: ~5e-4 of a
 # host at the start-up profile's cost, and up to 40 times that on a loaded 2-core machine while engine hosts
@@ -99,7 +103,7 @@ async def test_a_load_swing_scales_out_rebalances_live_then_drains_and_stops_a_h
         assert await live() == {"engine-0"}
 
         async def open_one() -> None:
-            c = await open_session(nc, http, stack.admission_url, c1_contract(), seed=len(clients) + 1)
+            c = await open_session(nc, http, stack.admission_url, c1_contract(floor=8), seed=len(clients) + 1)
             c.start_input(http, ITEM_EVERY_S)
             clients.append(c)
 
