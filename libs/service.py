@@ -81,11 +81,6 @@ class Service:
         self._services_kv = await bus.ensure_kv(self.js, names.SERVICES_BUCKET, ttl_s=ttl,
                                                 replicas=cfg.nats_replicas)
         await self.setup()
-        # What start-up built lives as long as the process (imported modules, torch alone ~150k objects;
-        # connections, mirrors): out of the collector's generations, a full collection, which a busy
-        # loop's allocations set off now and then, no longer walks it (bench.placement: one took a
-        # 1,024-host fleet decision's p99 from ~7 to ~90 ms).
-        gc.freeze()
         if cfg.metrics_port >= 0:
             telemetry.setup(self.name, cfg.telemetry_exporter, cfg.otlp_endpoint, prometheus=True)
             wanted = cfg.metrics_port + cfg.metrics_port_offset if cfg.metrics_port else 0
@@ -122,6 +117,12 @@ class Service:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopping.set)
         await self.start()
+        # The service is this process's one long-lived thing: what start-up built (imported modules, torch
+        # alone ~150k objects; connections, mirrors) lives as long as the process. Out of the collector's
+        # generations, a full collection, which a busy loop's allocations set off now and then, no longer
+        # walks it (bench.placement: one took a 1,024-host fleet decision's p99 from ~7 to ~90 ms). Not in
+        # `start`: a process that starts and stops many services (the tests) would keep their garbage.
+        gc.freeze()
         await self._stopping.wait()
         await self.stop()
 
