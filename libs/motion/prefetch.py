@@ -4,14 +4,17 @@
 futures in item order. It never waits itself, so a thread takes each result
 with `.result()` and a coroutine with `await asyncio.wrap_future(...)`; either
 way at most `depth` jobs (and their buffers) exist at once, and leaving the
-`with` block cancels whatever was not taken.
+`with` block cancels whatever was not taken and waits for what already runs:
+once it is left, no job touches the buffers any more (a shared-memory push
+writes into a peer's mapping, which its caller then unmaps). Only a round that
+ends early (an error) leaves jobs behind, at most `depth` chunks of work.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, wait
 from typing import Generic, TypeVar
 
 from libs.motion import crc
@@ -42,4 +45,5 @@ class Prefetch(Generic[In, Out]):
     def __exit__(self, *exc: object) -> None:
         for f in self.pending:
             f.cancel()
+        wait(self.pending)
         self.pending.clear()
