@@ -30,6 +30,7 @@ class Prefetch(Generic[In, Out]):
                  pool: Executor = crc.pool) -> None:
         self.fn, self.items, self.depth, self.pool = fn, items, depth, pool
         self.pending: deque[Future[Out]] = deque()
+        self.handed: Future[Out] | None = None  # the last future handed out: its job may still run
 
     def __iter__(self) -> Iterator[Future[Out]]:
         nxt = 0
@@ -37,7 +38,8 @@ class Prefetch(Generic[In, Out]):
             while nxt < len(self.items) and len(self.pending) < self.depth:
                 self.pending.append(self.pool.submit(self.fn, self.items[nxt]))
                 nxt += 1
-            yield self.pending.popleft()
+            self.handed = self.pending.popleft()
+            yield self.handed
 
     def __enter__(self) -> Prefetch[In, Out]:
         return self
@@ -45,5 +47,5 @@ class Prefetch(Generic[In, Out]):
     def __exit__(self, *exc: object) -> None:
         for f in self.pending:
             f.cancel()
-        wait(self.pending)
+        wait([*self.pending, *([self.handed] if self.handed else [])])
         self.pending.clear()
