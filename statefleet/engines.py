@@ -46,5 +46,6 @@ async def print_engines(nats_url: str, *, host: str = "", as_json: bool = False)
             print(f"  {s.session_id:<20} {s.backend:<7} {s.session_class:<4} {s.state:<9} tier {m.tier:<2} "
                   f"blocks {m.blocks:<6} skipped {m.skipped_blocks:<4} first {m.first_output_ms:7.1f} ms  "
                   f"period p50/p95 {m.chunk_period_p50_ms:6.1f}/{m.chunk_period_p95_ms:6.1f} ms  "
-                  f"rtf p95 {m.rtf_p95:5.2f}  ctl→out p95 {m.control_to_output_p95_ms:6.1f} ms")
+                  f"rtf p95 {m.rtf_p95:5.2f}  ctl→out p95 {m.control_to_output_p95_ms:6.1f} ms"
+                  f"  hold p95 {m.playout_hold_p95_ms:5.1f} ms")
     return 0

@@ -32,7 +32,7 @@ async def beat(nc, *entries):
         await kv.put(e.host_id, encode(e))
 
 
-async def test_place_answers_the_first_fitting_host(nc, placement):  # noqa: F811
+async def test_place_answers_the_least_busy_fitting_host(nc, placement):  # noqa: F811
     await beat(nc, host("h0", busy=0.85, at=time.time()), host("h1", at=time.time()))
     deadline = time.monotonic() + 10  # its watch delivers the beats a moment later (seconds, on a loaded machine)
     while set(placement.liveness.live) != {"h0", "h1"}:
