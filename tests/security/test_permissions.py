@@ -234,11 +234,15 @@ async def test_admission_follows_moves_in_flight_and_their_receipts(nats_server,
     await feed.start(lambda coro, _name: tasks.append(asyncio.create_task(coro)))
     try:
         await admission.nc.flush()  # its receipt subscription is at the server before the mover publishes
-        await mover.nc.publish(names.move_receipt_subject("s1"), msgspec.msgpack.encode({"session_id": "s1", "outcome": "committed"}))
-        deadline = asyncio.get_running_loop().time() + 5.0
+        receipt = msgspec.msgpack.encode({"session_id": "s1", "outcome": "committed"})
+        deadline = asyncio.get_running_loop().time() + 10.0
         while not (feed.inflight and feed.receipts):
-            assert asyncio.get_running_loop().time() < deadline, (feed.inflight, feed.receipts, admission.violations)
-            await asyncio.sleep(0.05)
+            assert asyncio.get_running_loop().time() < deadline, (feed.inflight, feed.receipts, admission.violations,
+                                                                  mover.violations)
+            if not feed.receipts:  # receipts are core NATS (at most once): one a CI run never saw is sent again
+                await mover.nc.publish(names.move_receipt_subject("s1"), receipt)
+                await mover.nc.flush()
+            await asyncio.sleep(0.1)
         assert feed.inflight["m1"]["dest"] == "e1"
         assert not admission.violations
     finally:
