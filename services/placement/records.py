@@ -49,15 +49,6 @@ class Records:
             new = fn(record)
             if new == record and revision:
                 return record
-            try:
-                if revision:
-                    await self.kv.update(host_id, encode(new), last=revision)
-                else:
-                    await self.kv.create(host_id, encode(new))
+            if await self.swap(host_id, new, revision):
                 return new
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
-                raise errors.Unavailable(f"capacity record of {host_id} not written: {type(e).__name__}",
-                                         host_id=host_id) from None
         raise errors.Conflict(f"capacity record of {host_id} kept changing", host_id=host_id)

@@ -154,14 +154,14 @@ class Stack:
                 await svc.stop()
 
 
-async def eventually(fn, timeout_s: float = 30.0, every_s: float = 0.05):
+async def eventually(fn, timeout_s: float = 30.0, every_s: float = 0.05, what: str = "condition"):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while loop.time() < deadline:
         if result := await fn():
             return result
         await asyncio.sleep(every_s)
-    raise AssertionError(f"condition not reached within {timeout_s}s")
+    raise AssertionError(f"{what} not reached within {timeout_s}s")
 
 
 async def crash(svc) -> None:

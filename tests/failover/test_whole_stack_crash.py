@@ -10,7 +10,6 @@ the owner's `consumed_seq`, the block journal and the log, as the chaos drills d
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -26,6 +25,7 @@ from bench.stack import UpStack, children_of
 from libs import bus, names
 from libs.fence.ownership import read_owner
 from libs.schemas.fence import MetaRequest, SessionMeta
+from tests.failover.conftest import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ async def test_whole_stack_sigkilled_and_restarted_resumes_every_session_from_it
             metas = {c.sid: await meta(nc, c.sid) for c in clients}
             return metas if all(m.checkpoint_cursor >= 3 for m in metas.values()) else {}
 
-        before = await _eventually(checkpointed, 60)
+        before = await eventually(checkpointed, 60, every_s=0.2)
         owners = {c.sid: (await read_owner(nc.jetstream(), c.sid)).view for c in clients}
         await nc.close()
         nc = None
@@ -115,9 +115,9 @@ async def test_whole_stack_sigkilled_and_restarted_resumes_every_session_from_it
                     return False
             return True
 
-        await _eventually(resumed, 60)
+        await eventually(resumed, 60, every_s=0.2)
         for c in clients:  # input goes on past the crash: new acks, and the new owner serves them
-            await _eventually(lambda c=c: _true(len(c.acked) and c.acked[-1] > acked_at_kill[c.sid] + 3), 60)
+            await eventually(lambda c=c: _true(len(c.acked) and c.acked[-1] > acked_at_kill[c.sid] + 3), 60, every_s=0.2)
         for c in clients:
             await c.stop_input()
         audits = await audit(nc, clients)
@@ -141,10 +141,3 @@ async def _true(value) -> bool:
     return bool(value)
 
 
-async def _eventually(fn, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if result := await fn():
-            return result
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"condition not reached within {timeout_s}s")

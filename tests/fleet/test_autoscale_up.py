@@ -18,6 +18,7 @@ from bench.stack import UpStack
 from libs import bus, names
 from libs.fence.ownership import read_owner
 from libs.schemas.motion import MoveReceipt
+from tests.failover.conftest import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -69,15 +70,6 @@ class Seen:
 ITEM_EVERY_S = 0.1
 
 
-async def eventually(fn, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if result := await fn():
-            return result
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout_s}s")
-
-
 async def test_a_load_swing_scales_out_rebalances_live_then_drains_and_stops_a_host(tmp_path):
     stack = UpStack(tmp_path / "var", autoscale="1:3", env=ENV).start()
     clients: list[SessionClient] = []
@@ -117,7 +109,7 @@ async def test_a_load_swing_scales_out_rebalances_live_then_drains_and_stops_a_h
                 await open_one()
 
         feeder = asyncio.create_task(trickle())
-        await eventually(lambda: _more_than_one(live), 60, "a second engine host started")
+        await eventually(lambda: _more_than_one(live), 60, every_s=0.25, what="a second engine host started")
 
         async def owners() -> dict[str, str]:
             return {c.sid: (await read_owner(nc.jetstream(), c.sid)).view.owner.server_id for c in clients}
@@ -126,12 +118,12 @@ async def test_a_load_swing_scales_out_rebalances_live_then_drains_and_stops_a_h
             now = await owners()
             return now if any(h != "engine-0" for h in now.values()) else None
 
-        await eventually(moved_off_engine_0, 60, "a session live-moved to a started host")
+        await eventually(moved_off_engine_0, 60, every_s=0.25, what="a session live-moved to a started host")
         assert len(await live()) > 1
         spread.set()
         await feeder
         await eventually(lambda: _async(any(r.outcome == "committed" and r.source == "engine-0" for r in receipts)),
-                         10, "the mover's receipt of that move")
+                         10, every_s=0.25, what="the mover's receipt of that move")
         # The swing down: keep one session on each of two hosts, close the rest. One host is then empty and
         # one holds a kept session: scaling in to one host must drain the latter by a live move.
         placed = await owners()
@@ -151,7 +143,7 @@ async def test_a_load_swing_scales_out_rebalances_live_then_drains_and_stops_a_h
             now = await live()
             return now if len(now) == 1 else None
 
-        (left,) = await eventually(scaled_in, 60 + ARRIVAL_WINDOW_S, "the fleet back to one host")
+        (left,) = await eventually(scaled_in, 60 + ARRIVAL_WINDOW_S, every_s=0.25, what="the fleet back to one host")
         assert sorted(p.name for p in (tmp_path / "var" / "provision").iterdir()) == [left]
         for c in keep:
             view = (await read_owner(nc.jetstream(), c.sid)).view
@@ -160,7 +152,7 @@ async def test_a_load_swing_scales_out_rebalances_live_then_drains_and_stops_a_h
         assert drained
         await eventually(lambda: _async(all(any(r.session_id == c.sid and r.outcome == "committed" and r.dest == left
                                                 and r.at > swing_down for r in receipts) for c in drained)),
-                         10, "a live move off the drained host")
+                         10, every_s=0.25, what="a live move off the drained host")
         await asyncio.sleep(1.0)  # a few blocks on the one host left
         for c in keep:
             await c.stop_input()
