@@ -66,11 +66,17 @@ def _azure(path: Path) -> list[Arrival]:
     with path.open(newline="") as f:
         for n, r in enumerate(csv.DictReader(f), 2):
             try:
-                ts = datetime.strptime(r["TIMESTAMP"].strip()[:26], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+                ts = _azure_time(r["TIMESTAMP"])
                 out.append((ts, int(r["ContextTokens"])))
             except (KeyError, ValueError, TypeError) as e:
                 raise TraceError(f"{path}:{n}: bad Azure row: {e}") from e
     return _relative(out)
+
+
+def _azure_time(text: str) -> float:
+    """Seconds since the epoch of an Azure TIMESTAMP: 2023's `YYYY-MM-DD HH:MM:SS.fffffff` and the ISO 8601
+    forms other releases use (whole seconds, `T`, a zone offset or `Z`); Python 3.11 parses them all."""
+    return datetime.fromisoformat(text.strip()).timestamp()
 
 
 def _mooncake(path: Path) -> list[Arrival]:

@@ -32,6 +32,15 @@ def test_azure_rows_become_relative_arrivals_with_context_sizes(tmp_path):
     assert [round(a.t_s, 4) for a in got] == [0.0, 1.052, 5.52] and [a.size for a in got] == [4808, 3180, 120]
 
 
+def test_azure_timestamps_in_other_releases_shapes_parse(tmp_path):
+    """Whole seconds, a `T`, a zone offset or `Z`: the forms later Azure releases and re-exports use."""
+    p = tmp_path / "azure.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.003502+00:00,10,1\n"
+                 "2024-05-10 00:00:02+00:00,20,1\n2024-05-10T00:00:03.5Z,30,1\n")
+    _, got = fleet_trace.rows(p)
+    assert [round(a.t_s, 6) for a in got] == [0.0, 1.996498, 3.496498]
+
+
 def test_mooncake_timestamps_are_milliseconds(tmp_path):
     _, got = fleet_trace.rows(write(tmp_path, "mooncake"))
     assert [a.t_s for a in got] == [0.0, 3.0, 5.999] and got[0].size == 6758
