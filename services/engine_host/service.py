@@ -65,7 +65,10 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     data_max_connections: PositiveInt = 16
     data_hello_timeout_s: PositiveFloat = 10.0
     data_idle_timeout_s: PositiveFloat = 30.0
-    staging_pool_bytes: int = 0  # pre-faulted arena for incoming moves (`libs.motion.pool`); 0: fresh memory
+    # Pre-faulted arena incoming moves land in (`libs.motion.pool`; pinned on GPU hosts), so a move pays no
+    # first-touch faults; moved-in states stay in it. 64 MiB holds hundreds of the bundled backends' states:
+    # size it for the states this host should take in (several GiB for real models). 0: fresh memory.
+    staging_pool_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 << 20
     # name -> "module:Class": serves a backend no distribution registers, or settles a name that
     # two distributions register under `statefleet.backends` (otherwise a start-up error)
     backend_sources: dict[str, str] = {}
