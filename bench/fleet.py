@@ -233,7 +233,10 @@ def main() -> None:
     ap.add_argument("--latency-model", choices=("profile", "colocation"), default="profile")
     args = ap.parse_args()
     size = QUICK if args.quick else FULL
-    kind, specs, shape = workload(args.trace, args.seed, size)
+    try:
+        kind, specs, shape = workload(args.trace, args.seed, size)
+    except (fleet_trace.TraceError, OSError, UnicodeDecodeError) as e:  # a bad --trace: say why, no traceback
+        sys.exit(f"bench.fleet: cannot read the trace: {e}")
     if not specs:
         sys.exit("the trace yielded no sessions")
     peak, mean, end = offered(specs)

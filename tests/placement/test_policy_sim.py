@@ -114,3 +114,15 @@ def test_the_simulator_gives_the_same_numbers_whatever_the_processs_hash_seed(tm
         subprocess.run([sys.executable, "-c", code, str(tmp_path), f"h{seed}.json"], check=True, capture_output=True,
                        env={**os.environ, "PYTHONHASHSEED": seed}, cwd=Path(__file__).resolve().parents[2])
     assert (tmp_path / "h0.json").read_text() == (tmp_path / "h1.json").read_text()
+
+
+@pytest.mark.parametrize("content", [b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,10,1\nnot a time,5,5\n",
+                                     b"\xff\xfe\x00binary", None])
+def test_a_bad_trace_file_ends_the_run_with_a_message_not_a_traceback(tmp_path, monkeypatch, capsys, content):
+    trace = tmp_path / "t.csv"
+    if content is not None:
+        trace.write_bytes(content)
+    monkeypatch.setattr("sys.argv", ["bench.fleet", "--quick", "--trace", str(trace), "--json", str(tmp_path / "o.json")])
+    with pytest.raises(SystemExit) as e:
+        fleet.main()
+    assert str(e.value).startswith("bench.fleet: cannot read the trace:") and not (tmp_path / "o.json").exists()
