@@ -63,10 +63,6 @@ class StagePipeline(Generic[P, M]):
         self._next_epoch = 0
         self.admitting = True
 
-    @property
-    def stage_names(self) -> list[str]:
-        return [a.name for a in self.actors]
-
     def start(self) -> None:
         for a in self.actors:
             a.thread.start()

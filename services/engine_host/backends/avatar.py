@@ -13,7 +13,6 @@ frame's loudness, so what a viewer sees moves with what they hear.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, ClassVar
 
@@ -22,10 +21,10 @@ import msgspec
 import torch
 import torch.nn.functional as F
 
-from libs.errors import BadRequest, TooLarge
 from libs.schemas.common import InputItem
 from libs.schemas.engine import SessionInit
 from services.engine_host.backends.base import WEIGHT_SEED, Output, block_generator, weights
+from services.engine_host.backends.inputs import parse_text
 
 
 class AvatarConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,19 +82,7 @@ class AvatarBackend:
                 "seed": int, "block": int, "phase": float}
 
     def parse_input(self, item: InputItem) -> bytes:
-        if item.kind != "text":
-            raise BadRequest(f"avatar takes text inputs, not {item.kind}", session_id=item.session_id, seq=item.seq)
-        try:
-            value = json.loads(item.data)
-        except ValueError:
-            raise BadRequest("text data is not JSON", session_id=item.session_id, seq=item.seq) from None
-        if not isinstance(value, str):
-            raise BadRequest("text data must be a JSON string", session_id=item.session_id, seq=item.seq)
-        raw = value.encode()
-        if len(raw) > self.config.text_max_bytes:
-            raise TooLarge(f"text of {len(raw)} bytes exceeds {self.config.text_max_bytes} per item",
-                           session_id=item.session_id, seq=item.seq, size=len(raw))
-        return raw
+        return parse_text(item, self.config.text_max_bytes)
 
     def encode(self, state: dict, inputs: list[Any]) -> torch.Tensor:
         """Owns `speaker`. Text beyond the per-chunk budget is cut (the chunk speaks what fits)."""
