@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test chaos lint bench install clean ibverbs chromium
+.PHONY: up test chaos lint bench install clean ibverbs chromium gpu-wheels
 
 install: $(STAMP)
 
@@ -44,6 +44,12 @@ chromium:
 # `python -m bench.reliability_table` turns them into docs/reliability.md's table.
 chaos: $(STAMP)
 	$(PY) -m pytest -q -m chaos tests/chaos $(PYTEST_ARGS)
+
+# Wheels for the lent GPU machine (Python 3.12, no package index there): bench/gpu_device.sh installs them.
+gpu-wheels: $(STAMP)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		--platform manylinux1_x86_64 -d .whl -r bench/gpu_wheels.txt
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
