@@ -176,6 +176,8 @@ class Sim:
                 self._push(end, "input", s.session_id)
         for host_id in self.provisioner.start(hosts):
             self._new_host(host_id, 0.0).state = "up"
+        if hosts:  # the arm's starting fleet is a scale-out at 0, as the service counts the hosts it starts
+            self.last_out = 0.0
 
     # ------------------------------------------------------------ the loop
 

@@ -48,8 +48,8 @@ class FleetControlConfig(BaseConfig, kw_only=True):
     scale_out_above: Frac = 0.6
     scale_in_below: Frac = 0.35
     scale_out_cooldown_s: NonNeg = 10.0
-    scale_in_cooldown_s: NonNeg = 120.0
-    warm_pool_hosts: Count = 1  # empty, pre-warmed hosts kept for bursts and resumes
+    scale_in_cooldown_s: NonNeg = 180.0
+    warm_pool_hosts: Count = 2  # empty, pre-warmed hosts kept for bursts and resumes
     warm_pool_frac: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
     # A host asked for serves about this long after: the pool also holds what the arrival rate (new sessions
     # per second over the last `arrival_window_s`) brings meanwhile. 0: arrivals do not size the pool.

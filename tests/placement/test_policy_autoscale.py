@@ -113,3 +113,10 @@ def test_the_pool_covers_the_sessions_arriving_within_one_scale_outs_lead_time()
     hosts = {"h0": [sess("a", "h0"), sess("b", "h0")], "h1": []}
     assert kinds(decide(fleet(hosts, arrivals_per_s=0.1), p), ScaleOut) == [ScaleOut(count=2)]
     assert kinds(decide(fleet(hosts, arrivals_per_s=0.0), p), ScaleOut) == []
+
+
+def test_scale_in_waits_its_cooldown_after_a_scale_out_too():
+    idle = dict(hosts={"h0": [sess("a", "h0")], "h1": [], "h2": []})
+    p = msgspec.structs.replace(P, scale_in_cooldown_s=180.0)
+    assert kinds(decide(fleet(**idle, last_scale_out_at=900.0), p), Drain) == []  # 100 s after a scale-out
+    assert kinds(decide(fleet(**idle, last_scale_out_at=800.0), p), Drain)

@@ -6,8 +6,8 @@ counts it) plus what queued sessions would add, over the open and provisioning h
 hosts to bring the fleet to `target_util` plus the pool, and for sessions still queued after
 placement (they fit no open host) hosts beyond the open ones for their load (at least one),
 those already coming included; below `scale_in_below` it drains the least loaded hosts down to
-that size, never in the same cooldown as the last scale-in, and never while hosts are still
-being provisioned. A draining host is released only once it owns
+that size, never within `scale_in_cooldown_s` of the last scaling in either direction, and
+never while hosts are still being provisioned. A draining host is released only once it owns
 no session (serving, moving or suspended) and expects none.
 """
 
@@ -85,8 +85,10 @@ def autoscale(plan: Plan, queued: list[Session]) -> tuple[list[ScaleOut | Drain 
     short = m.util > p.scale_out_above or bool(queued) or m.idle_hosts < m.pool
     if short and m.hosts < m.want and fleet.now - fleet.last_scale_out_at >= p.scale_out_cooldown_s:
         out.append(ScaleOut(count=m.want - m.hosts))
+    # Scale-in waits its cooldown after the last scaling either way: a host asked for in a wave boots
+    # after it (60 s), and the next wave often follows within minutes; given back at once, it is not there.
     elif (m.util < p.scale_in_below and m.hosts > m.want and fleet.provisioning == 0 and not queued
-          and fleet.now - fleet.last_scale_in_at >= p.scale_in_cooldown_s):
+          and fleet.now - max(fleet.last_scale_in_at, fleet.last_scale_out_at) >= p.scale_in_cooldown_s):
         for hl in _drain_order(plan.open_loads(), owned)[: m.hosts - m.want]:
             out.append(Drain(host_id=hl.host_id))
             if hl.host_id not in owned:

@@ -36,11 +36,11 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
     scale_out_above: Frac = 0.6
     scale_in_below: Frac = 0.35
     scale_out_cooldown_s: NonNeg = 10.0
-    scale_in_cooldown_s: NonNeg = 120.0
+    scale_in_cooldown_s: NonNeg = 180.0  # after the last scale-in or scale-out: three boots (provision_lead_s)
     min_hosts: Annotated[int, msgspec.Meta(ge=1)] = 1
     max_hosts: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     # Empty, pre-warmed hosts kept for bursts and resumes: at least warm_pool_hosts, or this share of the fleet.
-    warm_pool_hosts: Annotated[int, msgspec.Meta(ge=0)] = 1
+    warm_pool_hosts: Annotated[int, msgspec.Meta(ge=0)] = 2
     warm_pool_frac: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
     # ... and at least what the sessions arriving within one scale-out's lead time (boot and pre-warm) need.
     provision_lead_s: NonNeg = 60.0
