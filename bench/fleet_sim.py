@@ -158,6 +158,10 @@ class Sim:
         self.react = react  # the arm's answer to an arrival, or to input reaching a suspended session
         self.label, self.progress = label, progress
         self.sessions = {s.session_id: SimSession(s, idle_starts=[a for a, _ in s.idle]) for s in specs}
+        # Arrived and not yet done or dropped, in arrival order (equal times in spec order). Snapshots
+        # and queue expiry walk only these: a full trace has tens of thousands of sessions, a few
+        # hundred of them at a time.
+        self.live: dict[str, SimSession] = {}
         self.hosts: dict[str, SimHost] = {}
         self.released: list[SimHost] = []
         # Host ids and boot times come from the `sim` provisioning backend, the service's interface.
@@ -211,6 +215,7 @@ class Sim:
 
     def _on_arrive(self, sid: str) -> None:
         self.sessions[sid].state = "queued"
+        self.live[sid] = self.sessions[sid]
         self.counts["arrived"] += 1
         self.arrivals.append(self.now)
         self._apply(self.react(self.snapshot()))
@@ -224,6 +229,7 @@ class Sim:
             return
         self._detach(s)
         s.state = "done"
+        del self.live[sid]
 
     def _on_input(self, sid: str) -> None:
         if self.sessions[sid].state == "suspended":
@@ -261,11 +267,12 @@ class Sim:
     def _drop(self, s: SimSession, why: str) -> None:
         self._detach(s)
         s.state = "dropped"
+        del self.live[s.spec.session_id]
         self.counts["dropped"] += 1
         self.counts[f"dropped_{why}"] += 1
 
     def _expire_queue(self) -> None:
-        for s in self.sessions.values():
+        for s in list(self.live.values()):
             if s.state == "queued" and s.spec.arrival_s <= self.now - MAX_QUEUE_S:
                 self._drop(s, "queue_timeout")
 
@@ -273,8 +280,7 @@ class Sim:
 
     def snapshot(self) -> Fleet:
         hosts = tuple(self._host_view(h) for h in self.hosts.values() if h.state in ("up", "draining"))
-        sessions = tuple(self._session_view(s) for s in self.sessions.values()
-                         if s.state in ("queued", "serving", "moving", "suspended"))
+        sessions = tuple(self._session_view(s) for s in self.live.values())
         provisioning = sum(1 for h in self.hosts.values() if h.state == "starting")
         while self.arrivals and self.arrivals[0] <= self.now - ARRIVAL_WINDOW_S:
             self.arrivals.popleft()
