@@ -156,8 +156,9 @@ class DataPlane:
                 await asyncio.to_thread(conn.sendall, shm.message(offer))
                 recv = functools.partial(asyncio.to_thread, netio.recv_bytes, conn)
                 if offer.mode == "cuda_ipc":
-                    sources = shm.open_sources(await shm.read_handles(recv), layout)
-                    pull = functools.partial(shm.pull_and_check, slot, sources, torch.cuda.Stream(slot.device))
+                    handles = await shm.read_handles(recv)
+                    sources = shm.open_sources(handles, layout)
+                    pull = functools.partial(shm.pull_and_check, slot, sources, shm.copy_stream(slot, handles))
                 elif plan := await shm.agree(recv, functools.partial(asyncio.to_thread, conn.sendall), slot, layout):
                     pull = functools.partial(shm.pull_host, slot, plan)
             oob = codec_id if kind in ("mooncake", "shm") else None

@@ -1,11 +1,18 @@
-"""The parts of the `cuda` paths that run without a GPU: `bench.gpu`'s section runner."""
+"""The parts of the `cuda` paths that run without a GPU: `bench.gpu`'s section runner and the CUDA IPC
+description of empty leaves."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
+import msgspec
+import pytest
+import torch
+
 from bench import gpu
+from libs.errors import IntegrityError
+from libs.motion import manifest, shm
 
 
 async def test_a_section_given_as_a_lambda_around_a_coroutine_is_awaited():
@@ -23,3 +30,18 @@ async def test_a_section_given_as_a_lambda_around_a_coroutine_is_awaited():
     assert out["hangs"]["error"].startswith("TimeoutError")
     assert "skipped" in out["late"]
     json.dumps(out)  # what bench.gpu writes
+
+
+def test_an_empty_leaf_travels_without_an_ipc_handle():
+    leaves = [shm.cuda_leaf(torch.empty(0, dtype=torch.uint8))]
+    wire = shm.message(shm._Handles(leaves))
+    got = msgspec.msgpack.decode(wire[4:], type=shm._Handles).leaves
+    layout = manifest.build("s", manifest.flatten({"empty": torch.empty(0, 4)}), [0])
+    sources = shm.open_sources(got, layout)
+    assert [s.numel() for s in sources] == [0]
+
+
+def test_a_non_empty_leaf_without_a_handle_is_refused():
+    layout = manifest.build("s", manifest.flatten({"kv": torch.zeros(8)}), [0])
+    with pytest.raises(IntegrityError):
+        shm.open_sources([shm.CudaLeaf(0, b"", 32, 0, b"", 0, b"", False, 0)], layout)
