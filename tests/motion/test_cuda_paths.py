@@ -1,18 +1,24 @@
 """The parts of the `cuda` paths that run without a GPU: `bench.gpu`'s section runner, the CUDA IPC
-description of empty leaves, and the device fingerprint's arithmetic and alignment."""
+description of empty leaves, the device fingerprint's arithmetic and alignment, and a receiver whose
+slot cannot be allocated (as a device slot that does not fit in device memory)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 
 import msgspec
 import pytest
 import torch
 
 from bench import gpu
-from libs.errors import IntegrityError
+from libs.errors import IntegrityError, StatefleetError, Unauthorized
 from libs.motion import devhash, manifest, shm
+from libs.motion.receiver import DataPlane
+from libs.motion.sender import chunk_grid, send_chunks
+from libs.motion.slot import ShadowSlot, SlotState
+from libs.motion.tcp import TcpChannel
 
 
 async def test_a_section_given_as_a_lambda_around_a_coroutine_is_awaited():
@@ -71,3 +77,38 @@ def test_fingerprint_caches_few_index_tensors():
     for n in range(1, 400, 7):
         devhash.fingerprint(torch.zeros(n, dtype=torch.uint8))
     assert devhash._arange.cache_info().currsize <= 8  # powers of two up to 128 words, not one per size
+
+
+async def test_a_slot_that_cannot_be_allocated_is_failed_and_the_sender_told(monkeypatch):
+    """On a GPU an incoming device slot can exceed free device memory: torch raises OutOfMemoryError (a
+    RuntimeError). The receiver fails the slot and acknowledges with the reason, as for any refusal."""
+    token = secrets.token_hex(16)
+    state = {"kv": torch.arange(4096, dtype=torch.float32)}
+    flat = manifest.flatten(state)
+    layout = manifest.build("s", flat, [0])
+    slot = ShadowSlot("s", "m", token, layout.total_bytes, torch.device("cpu"), lease_s=30)
+
+    def out_of_memory(_layout):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 KiB")
+
+    monkeypatch.setattr(slot, "_allocate", out_of_memory)
+
+    def claim(t: str) -> ShadowSlot:
+        if t != token:
+            raise Unauthorized("bad token")
+        return slot
+
+    plane = DataPlane(claim)
+    await plane.start()
+    try:
+        ch = await TcpChannel.open(plane.addr, token, layout, 4096)
+        try:
+            with pytest.raises(StatefleetError):
+                await send_chunks(ch, flat, chunk_grid(flat, 4096), bounce=False)
+                await ch.finish()
+        finally:
+            await ch.close()
+    finally:
+        await plane.stop()
+    assert slot.state is SlotState.FAILED
+    assert "out of memory" in slot.reason
