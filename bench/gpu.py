@@ -180,27 +180,34 @@ def pinned_offload(leaves: list[torch.Tensor]) -> dict:
 
     total = sum(t.numel() * t.element_size() for t in leaves)
     arena = StagingPool(total, pin=True)
-    got = arena.take(total)
-    assert got is not None
-    _, host = got
-    flats = [t.view(torch.uint8).reshape(-1) for t in leaves]
-    _sync()
-    t0 = time.perf_counter()
-    at = 0
-    for f in flats:
-        host[at:at + f.numel()].copy_(f, non_blocking=True)
-        at += f.numel()
-    _sync()
-    offload_s = time.perf_counter() - t0
-    back = [torch.empty_like(f) for f in flats]
-    t0 = time.perf_counter()
-    at = 0
-    for b in back:
-        b.copy_(host[at:at + b.numel()], non_blocking=True)
-        at += b.numel()
-    _sync()
-    resume_s = time.perf_counter() - t0
-    identical = all(torch.equal(a, b) for a, b in zip(flats, back, strict=True))
+    try:
+        got = arena.take(total)
+        assert got is not None
+        _, host = got
+        flats = [t.view(torch.uint8).reshape(-1) for t in leaves]
+        _sync()
+        t0 = time.perf_counter()
+        at = 0
+        for f in flats:
+            host[at:at + f.numel()].copy_(f, non_blocking=True)
+            at += f.numel()
+        _sync()
+        offload_s = time.perf_counter() - t0
+        back = [torch.empty_like(f) for f in flats]
+        t0 = time.perf_counter()
+        at = 0
+        for b in back:
+            b.copy_(host[at:at + b.numel()], non_blocking=True)
+            at += b.numel()
+        _sync()
+        resume_s = time.perf_counter() - t0
+        identical = all(torch.equal(a, b) for a, b in zip(flats, back, strict=True))
+    finally:
+        # Unregistered while still mapped: unmapping registered memory is undefined in CUDA (the driver
+        # still holds the range as pinned, and later memory mapped at those addresses may be taken for it).
+        _sync()
+        if arena.pinned:
+            torch.cuda.cudart().cudaHostUnregister(arena.base_ptr)
     return {"pinned": arena.pinned, "offload_gbps": total * 8 / offload_s / 1e9,
             "resume_gbps": total * 8 / resume_s / 1e9, "bit_identical": identical}
 
