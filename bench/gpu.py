@@ -166,8 +166,12 @@ async def ipc_move(leaves: list[torch.Tensor], d2d_gbps: float) -> dict:
         seconds = time.perf_counter() - t0
         await ch.close()
     finally:
-        proc.stdin.close()
-        await asyncio.wait_for(proc.wait(), 60)
+        proc.stdin.close()  # the receiver's cue to stop
+        try:
+            await asyncio.wait_for(proc.wait(), 60)
+        except TimeoutError:
+            proc.kill()  # a receiver stuck on the device must not outlive the run holding its memory
+            raise
     gbps = layout.total_bytes * 8 / seconds / 1e9
     return {"mode": ch.ready.mode, "state_bytes": layout.total_bytes, "move_ms": seconds * 1e3,
             "verified_gbps": gbps, "d2d_copy_gbps": d2d_gbps, "ipc_over_d2d": gbps / d2d_gbps,
