@@ -89,7 +89,7 @@ async def test_a_slot_that_cannot_be_allocated_is_failed_and_the_sender_told(mon
     slot = ShadowSlot("s", "m", token, layout.total_bytes, torch.device("cpu"), lease_s=30)
 
     def out_of_memory(_layout):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 KiB")
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 KiB")
 
     monkeypatch.setattr(slot, "_allocate", out_of_memory)
 
