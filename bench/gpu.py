@@ -17,10 +17,13 @@ Without a GPU it exits at once with status 2 and says so.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import os
 import secrets
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -32,6 +35,7 @@ STATE_BYTES = 1_670_000_000  # the published same-node world-model cache
 LEAF_BYTES = 64 << 20
 CHUNK = 64 << 20
 BUDGET_S = 480.0
+WATCHDOG_GRACE_S = 60.0  # a section still running this long past the budget is stuck
 
 
 def _sync() -> None:
@@ -144,7 +148,7 @@ async def _ipc_receiver(state_bytes: int) -> None:
 
 
 async def ipc_move(leaves: list[torch.Tensor], d2d_gbps: float) -> dict:
-    from libs.motion import crc, manifest
+    from libs.motion import manifest
     from libs.motion.sender import chunk_grid, send_chunks
     from libs.motion.shm import ShmChannel
 
@@ -162,10 +166,13 @@ async def ipc_move(leaves: list[torch.Tensor], d2d_gbps: float) -> dict:
         seconds = time.perf_counter() - t0
         await ch.close()
     finally:
-        proc.stdin.close()
-        await asyncio.wait_for(proc.wait(), 60)
+        proc.stdin.close()  # the receiver's cue to stop
+        try:
+            await asyncio.wait_for(proc.wait(), 60)
+        except TimeoutError:
+            proc.kill()  # a receiver stuck on the device must not outlive the run holding its memory
+            raise
     gbps = layout.total_bytes * 8 / seconds / 1e9
-    _ = crc
     return {"mode": ch.ready.mode, "state_bytes": layout.total_bytes, "move_ms": seconds * 1e3,
             "verified_gbps": gbps, "d2d_copy_gbps": d2d_gbps, "ipc_over_d2d": gbps / d2d_gbps,
             "target_ipc_over_d2d": ">= 0.5"}
@@ -177,27 +184,34 @@ def pinned_offload(leaves: list[torch.Tensor]) -> dict:
 
     total = sum(t.numel() * t.element_size() for t in leaves)
     arena = StagingPool(total, pin=True)
-    got = arena.take(total)
-    assert got is not None
-    _, host = got
-    flats = [t.view(torch.uint8).reshape(-1) for t in leaves]
-    _sync()
-    t0 = time.perf_counter()
-    at = 0
-    for f in flats:
-        host[at:at + f.numel()].copy_(f, non_blocking=True)
-        at += f.numel()
-    _sync()
-    offload_s = time.perf_counter() - t0
-    back = [torch.empty_like(f) for f in flats]
-    t0 = time.perf_counter()
-    at = 0
-    for b in back:
-        b.copy_(host[at:at + b.numel()], non_blocking=True)
-        at += b.numel()
-    _sync()
-    resume_s = time.perf_counter() - t0
-    identical = all(torch.equal(a, b) for a, b in zip(flats, back, strict=True))
+    try:
+        got = arena.take(total)
+        assert got is not None
+        _, host = got
+        flats = [t.view(torch.uint8).reshape(-1) for t in leaves]
+        _sync()
+        t0 = time.perf_counter()
+        at = 0
+        for f in flats:
+            host[at:at + f.numel()].copy_(f, non_blocking=True)
+            at += f.numel()
+        _sync()
+        offload_s = time.perf_counter() - t0
+        back = [torch.empty_like(f) for f in flats]
+        t0 = time.perf_counter()
+        at = 0
+        for b in back:
+            b.copy_(host[at:at + b.numel()], non_blocking=True)
+            at += b.numel()
+        _sync()
+        resume_s = time.perf_counter() - t0
+        identical = all(torch.equal(a, b) for a, b in zip(flats, back, strict=True))
+    finally:
+        # Unregistered while still mapped: unmapping registered memory is undefined in CUDA (the driver
+        # still holds the range as pinned, and later memory mapped at those addresses may be taken for it).
+        _sync()
+        if arena.pinned:
+            torch.cuda.cudart().cudaHostUnregister(arena.base_ptr)
     return {"pinned": arena.pinned, "offload_gbps": total * 8 / offload_s / 1e9,
             "resume_gbps": total * 8 / resume_s / 1e9, "bit_identical": identical}
 
@@ -220,21 +234,29 @@ def device_fingerprint(leaves: list[torch.Tensor]) -> dict:
             "host_bytes_per_piece": 16}
 
 
-async def main_async(args) -> dict:
+async def run_section(out: dict, name: str, fn, budget_left_s: float) -> None:
+    """Run one section into `out[name]`: its result, or the error that stopped it. `fn` may be a plain
+    function or return an awaitable (a lambda around a coroutine function is not itself one)."""
+    if budget_left_s <= 0:
+        out[name] = {"skipped": "the 8-minute budget was spent"}
+        return
+    t0 = time.monotonic()
+    try:
+        result = fn()
+        out[name] = await asyncio.wait_for(result, budget_left_s) if inspect.isawaitable(result) else result
+    except Exception as e:  # one broken path must not hide the others' numbers
+        out[name] = {"error": f"{type(e).__name__}: {e}"}
+    out["sections_s"][name] = time.monotonic() - t0
+
+
+async def main_async(args, out: dict) -> dict:
+    """Fills `out` as it goes, so the watchdog can write what was measured if a section hangs."""
     started = time.monotonic()
     left = lambda: BUDGET_S - (time.monotonic() - started)  # noqa: E731
-    out: dict = {"device": torch.cuda.get_device_name(0), "sections_s": {}}
+    out.update({"device": torch.cuda.get_device_name(0), "sections_s": {}})
 
     async def section(name: str, fn) -> None:
-        if left() <= 0:
-            out[name] = {"skipped": "the 8-minute budget was spent"}
-            return
-        t0 = time.monotonic()
-        try:
-            out[name] = await fn() if asyncio.iscoroutinefunction(fn) else fn()
-        except Exception as e:  # one broken path must not hide the others' numbers
-            out[name] = {"error": f"{type(e).__name__}: {e}"}
-        out["sections_s"][name] = time.monotonic() - t0
+        await run_section(out, name, fn, left())
 
     state = STATE_BYTES // 8 if args.quick else STATE_BYTES
     leaves = device_state(state)
@@ -269,9 +291,28 @@ def main() -> None:
     if args.ipc_receiver:
         asyncio.run(_ipc_receiver(args.ipc_receiver))
         return
-    result = asyncio.run(main_async(args))
+    out: dict = {}
+    written = threading.Event()
+    watchdog = threading.Timer(BUDGET_S + WATCHDOG_GRACE_S, _watchdog, (args.json, out, written))
+    watchdog.daemon = True
+    watchdog.start()
+    result = asyncio.run(main_async(args, out))
     common.table([(k, v, "") for k, v in result.items() if isinstance(v, (int, float, str))])
     common.write(args.json, result)
+    written.set()
+
+
+def _watchdog(path, out: dict, written: threading.Event) -> None:
+    """Past the budget and its grace the run is stuck (a section's thread blocked on a socket or the device,
+    or the interpreter waiting at exit for such a thread): write what was measured and end the process
+    without waiting for it, so a lent GPU's minutes end with a result."""
+    try:
+        if not written.is_set():
+            common.write(path, {**out, "sections_s": dict(out.get("sections_s", {})),
+                                "abandoned": f"still running {BUDGET_S + WATCHDOG_GRACE_S:.0f}s after the start"})
+    finally:
+        sys.stdout.flush()
+        os._exit(0 if written.is_set() else 3)
 
 
 def argparse_hidden() -> str:

@@ -64,8 +64,10 @@ def clone_tree(tree: Any, device: torch.device | str | None = None, *, pin: bool
         copy = torch.empty(t.shape, dtype=t.dtype, device=target, pin_memory=pin and target.type == "cpu")
         copy.copy_(t, non_blocking=pin)
         out.append(copy)
-    if pin and any(t.device.type == "cuda" for t in leaves):
-        torch.cuda.synchronize()
+    # Each device the copies came from, not this thread's current device (cuda:0 in a worker thread): the
+    # host must not read pinned memory an engine host on cuda:1 is still copying into.
+    for d in {t.device for t in leaves if pin and t.device.type == "cuda"}:
+        torch.cuda.synchronize(d)
     return join(skeleton, out)
 
 

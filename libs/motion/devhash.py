@@ -19,8 +19,14 @@ PIECE_WORDS = 16 << 20  # 64 MiB of words per reduction, so temporaries stay bou
 
 
 @functools.cache
-def _index(n: int, device: torch.device) -> torch.Tensor:
+def _arange(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, dtype=torch.int64, device=device)
+
+
+def _index(n: int, device: torch.device) -> torch.Tensor:
+    """0..n-1, sliced from a cached arange of the next power of two: a few cached tensors per device
+    whatever the piece sizes, not one (up to 128 MiB of device memory) per distinct size."""
+    return _arange(1 << max(n - 1, 0).bit_length(), device)[:n]
 
 
 def _words(flat: torch.Tensor) -> torch.Tensor:
@@ -28,6 +34,8 @@ def _words(flat: torch.Tensor) -> torch.Tensor:
     n = flat.numel()
     if n % 4:
         flat = torch.cat([flat, flat.new_zeros(4 - n % 4)])
+    elif flat.storage_offset() % 4:
+        flat = flat.clone()  # viewing bytes as int32 needs a 4-byte aligned start
     return flat.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
 
 

@@ -14,6 +14,7 @@ When the pool cannot hold a move, the slot gets a fresh memfd region and says so
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import threading
@@ -176,4 +177,10 @@ def _pin(arena: np.ndarray) -> bool:
     if not torch.cuda.is_available():
         return False
     rc = torch.cuda.cudart().cudaHostRegister(arena.ctypes.data, arena.nbytes, 0)
-    return int(rc) == 0
+    if int(rc) == 0:
+        return True
+    # A failed registration stays this thread's last CUDA error, which the next kernel launched on this
+    # thread would raise as its own: consume it with a launch of ours (the arena just stays unpinned).
+    with contextlib.suppress(RuntimeError):
+        torch.zeros(1, device="cuda")
+    return False

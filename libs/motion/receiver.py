@@ -123,7 +123,9 @@ class DataPlane:
             except TimeoutError:  # a blocking read timed out (frame_loop says so with a typed Timeout)
                 _refused.add(1, {"reason": "idle"})
                 raise Timeout(f"sender silent for {self.limits.idle_timeout_s:g}s mid-transfer") from None
-        except (StatefleetError, OSError, msgspec.DecodeError) as e:
+        # RuntimeError: torch's, e.g. a device slot that does not fit in device memory (OutOfMemoryError) or
+        # an IPC handle CUDA cannot open: the slot fails and the sender hears why, like any refusal.
+        except (StatefleetError, OSError, msgspec.DecodeError, RuntimeError) as e:
             reason = getattr(e, "detail", None) or str(e) or type(e).__name__
             if slot is not None:
                 slot.fail(reason)
@@ -156,8 +158,9 @@ class DataPlane:
                 await asyncio.to_thread(conn.sendall, shm.message(offer))
                 recv = functools.partial(asyncio.to_thread, netio.recv_bytes, conn)
                 if offer.mode == "cuda_ipc":
-                    sources = shm.open_sources(await shm.read_handles(recv), layout)
-                    pull = functools.partial(shm.pull_and_check, slot, sources, torch.cuda.Stream(slot.device))
+                    handles = await shm.read_handles(recv)
+                    sources = shm.open_sources(handles, layout)
+                    pull = functools.partial(shm.pull_and_check, slot, sources, shm.copy_stream(slot, handles))
                 elif plan := await shm.agree(recv, functools.partial(asyncio.to_thread, conn.sendall), slot, layout):
                     pull = functools.partial(shm.pull_host, slot, plan)
             oob = codec_id if kind in ("mooncake", "shm") else None

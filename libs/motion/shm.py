@@ -173,9 +173,15 @@ def settle(slot: ShadowSlot) -> None:
 
 
 def open_sources(leaves: list[CudaLeaf], layout: Manifest) -> list[torch.Tensor]:
-    """The sender's leaf bytes on this device, opened from their IPC handles (flat uint8 views)."""
+    """The sender's leaf bytes on this device, opened from their IPC handles (flat uint8 views).
+    An empty leaf has no handle (its storage has no memory to share) and no chunk ever reads it."""
     out = []
     for leaf, spec in zip(leaves, layout.leaves, strict=True):
+        if spec.nbytes == 0:
+            out.append(torch.empty(0, dtype=torch.uint8))
+            continue
+        if not leaf.handle:
+            raise IntegrityError(f"no IPC handle for the non-empty leaf {spec.path}")
         storage = torch.UntypedStorage._new_shared_cuda(
             leaf.device, leaf.handle, leaf.storage_bytes, leaf.storage_offset, leaf.ref_handle, leaf.ref_offset,
             leaf.event_handle, leaf.event_sync)
@@ -184,6 +190,16 @@ def open_sources(leaves: list[CudaLeaf], layout: Manifest) -> list[torch.Tensor]
         t = torch.empty(0, dtype=torch.uint8, device=f"cuda:{leaf.device}")
         out.append(t.set_(storage, leaf.byte_offset, (spec.nbytes,)))
     return out
+
+
+def copy_stream(slot: ShadowSlot, leaves: list[CudaLeaf]) -> torch.cuda.Stream:
+    """The stream the chunks are copied on, ordered after this thread's current streams: opening the
+    handles made those wait for the sender's writes (its IPC events), and the slot's memory was allocated
+    on the slot device's, perhaps reusing blocks that kernels queued there still read."""
+    stream = torch.cuda.Stream(slot.device)
+    for index in {slot.device.index, *(leaf.device for leaf in leaves if leaf.handle)}:
+        stream.wait_stream(torch.cuda.current_stream(index))
+    return stream
 
 
 def pull_and_check(slot: ShadowSlot, sources: list[torch.Tensor], stream, f: wire.Frame, region: torch.Tensor) -> None:
@@ -299,11 +315,7 @@ class ShmChannel(Channel):
             raise Unavailable("CUDA IPC sends one frozen round per move")
         if any(v.device.type != "cuda" for v in views):
             raise Unavailable("the receiver's slot is on CUDA but the source is not")
-        leaves = []
-        for v in views:
-            dev, handle, size, off, ref_h, ref_off, ev_h, ev_sync = v.untyped_storage()._share_cuda_()
-            leaves.append(CudaLeaf(dev, handle, size, off, ref_h, ref_off, ev_h, ev_sync, v.storage_offset()))
-        await self.stream.send(message(_Handles(leaves)))
+        await self.stream.send(message(_Handles([cuda_leaf(v) for v in views])))
         self.handles_sent = True
 
     async def end_round(self) -> None:
@@ -319,6 +331,15 @@ class ShmChannel(Channel):
             with contextlib.suppress(BufferError):  # a view still alive somewhere: unmapped when it goes
                 self.mapping.close()
             self.mapping = None
+
+
+def cuda_leaf(view: torch.Tensor) -> CudaLeaf:
+    """The IPC description of a flat uint8 leaf. An empty one is sent without a handle: its storage may
+    have no memory (`_share_cuda_` then answers None for the handles) and the receiver reads none of it."""
+    if view.numel() == 0:
+        return CudaLeaf(view.device.index or 0, b"", 0, 0, b"", 0, b"", False, 0)
+    dev, handle, size, off, ref_h, ref_off, ev_h, ev_sync = view.untyped_storage()._share_cuda_()
+    return CudaLeaf(dev, handle, size, off, ref_h, ref_off, ev_h, ev_sync, view.storage_offset())
 
 
 class _Handles(msgspec.Struct, array_like=True):

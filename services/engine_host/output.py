@@ -34,6 +34,7 @@ def encode(out: Output, max_bytes: int = MAX_CHUNK_BYTES) -> list[Encoded]:
     for kind, t in (("frames", out.frames), ("audio", out.audio)):
         if t is None:
             continue
+        t = t.cpu()  # a backend may decode on its device (the decode stage synchronises for it); PNG is host work
         dtype, shape = str(t.dtype).removeprefix("torch."), list(t.shape)
         if kind == "frames" and t.dtype == torch.uint8 and t.dim() == 4 and t.shape[1] == 3:
             pngs = [png.encode(frame) for frame in t.numpy()]
