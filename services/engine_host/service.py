@@ -38,6 +38,15 @@ from services.engine_host.assignments import Assignments
 from services.engine_host.backends import Registry, WorldConfig
 from services.engine_host.runtime import EngineRuntime
 
+DEFAULT_CPU_STAGING_BYTES = 64 << 20
+
+
+def staging_bytes(configured: int | None, device: torch.device) -> int:
+    """The staging pool's size: as configured, else 64 MiB on a CPU host and none on a GPU host."""
+    if configured is not None:
+        return configured
+    return DEFAULT_CPU_STAGING_BYTES if device.type == "cpu" else 0
+
 
 class EngineHostConfig(BaseConfig, kw_only=True):
     # Placement declares a host dead after HEARTBEAT_TTL_FACTOR beats without one (1.5 s): the failover
@@ -65,10 +74,11 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     data_max_connections: PositiveInt = 16
     data_hello_timeout_s: PositiveFloat = 10.0
     data_idle_timeout_s: PositiveFloat = 30.0
-    # Pre-faulted arena incoming moves land in (`libs.motion.pool`; pinned on GPU hosts), so a move pays no
-    # first-touch faults; moved-in states stay in it. 64 MiB holds hundreds of the bundled backends' states:
-    # size it for the states this host should take in (several GiB for real models). 0: fresh memory.
-    staging_pool_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 << 20
+    # Pre-faulted arena incoming host-memory moves land in (`libs.motion.pool`), so a move pays no first-touch
+    # faults; moved-in states stay in it. Unset: 64 MiB on a CPU host (hundreds of the bundled backends'
+    # states; size it for real models: several GiB), none on a GPU host, whose slots live in device memory
+    # (the caching allocator reuses it). 0: fresh memory.
+    staging_pool_bytes: Annotated[int, msgspec.Meta(ge=0)] | None = None
     # name -> "module:Class": serves a backend no distribution registers, or settles a name that
     # two distributions register under `statefleet.backends` (otherwise a start-up error)
     backend_sources: dict[str, str] = {}
@@ -163,7 +173,7 @@ class EngineHostService(Service):
             # Requests handled concurrently, so a long `advance` of one session never holds up another's.
             traced_handler = traced(f"engine.{verb}", self._bounded(verb, handler), host_id=self.host_id)
             await bus.serve(self.nc, subject, req_type, traced_handler, concurrency=cfg.verb_concurrency)
-        self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind, staging_bytes=cfg.staging_pool_bytes,
+        self.motion = MotionEndpoint(self.nc, self.host_id, rt, cfg.data_bind, staging_bytes=staging_bytes(cfg.staging_pool_bytes, self.device),
                                      data_limits=section(cfg, "data_", DataPlaneLimits))
         self.data_addr = await self.motion.start()
         self.fence = EngineClient(self.nc, self.js, self.host_id, incarnation=self.incarnation,
