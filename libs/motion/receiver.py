@@ -73,7 +73,11 @@ class DataPlane:
         self._accept_task = asyncio.create_task(self._accept_loop(), name="dataplane-accept")
         return self.addr
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Close every connection; those still running first get `grace_s` to end on their own (a slot
+        is `done` just before its acknowledgement is written, so a caller that stops on `done` waits)."""
+        if grace_s > 0 and self._conns:
+            await asyncio.wait(list(self._conns), timeout=grace_s)
         for conn in list(self._socks):  # unblocks any reader thread
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)

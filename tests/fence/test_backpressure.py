@@ -37,8 +37,7 @@ async def test_a_slow_engine_backs_ingress_off_with_429_and_nothing_is_lost(nats
         acked, refusals = [], []
         for i in range(20):
             status, body, headers = await _post(http, fence, token, f"item {i}")
-            if status == 200:
-                assert not refusals, "accepted again before the engine caught up"
+            if status == 200:  # also after a 429: the gateway releasing items frees pending room
                 acked.append(body["seq"])
             else:
                 refusals.append((status, body["code"], headers.get("Retry-After"),

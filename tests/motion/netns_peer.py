@@ -45,7 +45,7 @@ async def recv(bind: str, token: str) -> None:
     ok = False
     if slot.state.value == "received":
         ok = (await slot.verify(expected)).manifest.fingerprint == expected.fingerprint
-    await plane.stop()
+    await plane.stop(grace_s=10)  # the acknowledgement goes out after `done`: let it reach the sender
     print(json.dumps({"ok": ok, "reason": slot.reason}), flush=True)
 
 

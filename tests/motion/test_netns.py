@@ -70,7 +70,10 @@ def move_once(a: str, b: str) -> dict:
         sent = subprocess.run(["ip", "netns", "exec", a, sys.executable, "-m", "tests.motion.netns_peer", "send",
                                f"10.213.7.2:{port}", token], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
-        assert sent.returncode == 0, sent.stderr
+        if sent.returncode != 0:
+            receiver.kill()
+            out, err = receiver.communicate(timeout=10)
+            raise AssertionError(f"sender failed:\n{sent.stderr}\nreceiver said:\n{out}\n{err}")
         got = json.loads(sent.stdout.strip().splitlines()[-1])
         verdict = json.loads(receiver.stdout.readline())
     finally:
