@@ -76,7 +76,11 @@ def progress(label: str, frac: float) -> None:
     print(f"  {label:<17} {100 * frac:5.1f}% simulated", file=sys.stderr, flush=True)
 
 
-def run_arms(specs: list[fleet_workload.SessionSpec], p: Params, end: float, peak_hosts: int, avg_hosts: int) -> dict:
+ARMS = ("static_peak", "static_average", "migration_only", "autoscaling_only", "joint_greedy", "statefleet")
+
+
+def run_arms(specs: list[fleet_workload.SessionSpec], p: Params, end: float, peak_hosts: int, avg_hosts: int,
+             only: tuple[str, ...] = ARMS) -> dict:
     start_hosts = p.min_hosts + p.warm_pool_hosts
     plan = [
         ("static_peak", arms.first_fit(p), p, peak_hosts),
@@ -89,6 +93,8 @@ def run_arms(specs: list[fleet_workload.SessionSpec], p: Params, end: float, pea
     ]
     out = {}
     for name, decide, arm_params, hosts in plan:
+        if name not in only:
+            continue
         t0 = time.perf_counter()
         react = (decide if name.startswith("static") else arms.greedy_reacting(arm_params) if name == "joint_greedy"
                  else arms.reacting(arm_params))
@@ -98,11 +104,14 @@ def run_arms(specs: list[fleet_workload.SessionSpec], p: Params, end: float, pea
         print(f"  {name:<17} done in {r['wall_s']:.1f} s: {r['gpu_hours']:.1f} GPU-h, worst {r['worst_chunk_ms']:.0f} ms, "
               f"p99 {r['p99_chunk_ms']:.0f} ms, {r['migrations']} moves, {r['dropped_sessions']} dropped",
               file=sys.stderr, flush=True)
-    # how much of each arm's service is slower than the joint target's worst chunk allows
-    bound = (1 - TARGETS["worst_chunk_cut_vs_static_peak"]) * out["static_peak"]["worst_chunk_ms"]
-    for r in out.values():
-        r["over_target_worst_rate"] = share_over(r.pop("chunk_hist"), bound)
     return out
+
+
+def over_target_worst(res: dict, peak_worst_ms: float) -> None:
+    """How much of each arm's service is slower than the joint target's worst chunk allows."""
+    bound = (1 - TARGETS["worst_chunk_cut_vs_static_peak"]) * peak_worst_ms
+    for r in res.values():
+        r["over_target_worst_rate"] = share_over(r.pop("chunk_hist"), bound)
 
 
 def compare(res: dict) -> dict:
@@ -246,6 +255,7 @@ def main() -> None:
           f"devices -> static peak {peak_hosts} hosts, static average {avg_hosts}", file=sys.stderr)
     p = params(args.latency_model)
     res = run_arms(specs, p, end + TICK_S, peak_hosts, avg_hosts)
+    over_target_worst(res, res["static_peak"]["worst_chunk_ms"])
     targets = compare(res)
     bound = oracle(specs, p, res)
     cap_ms = bound["joint_target"]["worst_chunk_cap_ms"]
