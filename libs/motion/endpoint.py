@@ -109,6 +109,8 @@ class MotionEndpoint:
         await self.data.stop()
         for slot in self.slots.values():
             slot.fail("endpoint stopped")
+        if self.pool is not None:
+            self.pool.close()
 
     # -------------------------------------------------------------- source side
 

@@ -78,11 +78,27 @@ class StagingPool:
         arena[::PAGE] = 0  # write-fault every page now, so no move ever does
         self.base_ptr = arena.ctypes.data
         self.pinned = pin and self.capacity > 0 and _pin(arena)
+        del arena  # no view of the whole arena outlives __init__, so `close` can unmap it
+        # The memfd keeps its pages as long as it is open, mapped or not: it is closed (and the arena
+        # unpinned) by `close`, or when the pool is collected, whichever comes first.
+        self._release = weakref.finalize(self, _release, self.fd, self.base_ptr if self.pinned else 0)
         self.free: list[tuple[int, int]] = [(0, self.capacity)] if self.capacity else []
         self.exposed: set[int] = set()  # offsets of regions a peer process mapped for a move still undecided
         self.quarantine: list[tuple[int, int]] = []  # freed while a peer may still map them
         self.inode = os.fstat(self.fd).st_ino
         self.lock = threading.Lock()
+        self.closed = False
+
+    def close(self) -> None:
+        """Give the arena back (the endpoint stopped): its memfd now, its mapping now if no region is in
+        use, else once the last tensor viewing it is freed. No region is handed out afterwards."""
+        with self.lock:
+            in_use = sum(n for _, n in self.free) < self.capacity
+            self.free, self.closed = [], True
+        self._release()
+        if not in_use:
+            with contextlib.suppress(BufferError):  # a view taken meanwhile keeps the mapping alive
+                self.mm.close()
 
     @property
     def free_bytes(self) -> int:
@@ -141,6 +157,8 @@ class StagingPool:
 
     def _give_back(self, off: int, n: int) -> None:
         with self.lock:
+            if self.closed:
+                return
             spans = sorted([*self.free, (off, n)])
             merged: list[tuple[int, int]] = []
             for o, k in spans:
@@ -149,6 +167,13 @@ class StagingPool:
                 else:
                     merged.append((o, k))
             self.free = merged
+
+
+def _release(fd: int, pinned_ptr: int) -> None:
+    if pinned_ptr:  # unpinned before it can be unmapped: unmapping registered memory is undefined in CUDA
+        with contextlib.suppress(RuntimeError):
+            torch.cuda.cudart().cudaHostUnregister(pinned_ptr)
+    os.close(fd)
 
 
 def peer_mappings(inode: int, own: int = 0) -> list[tuple[int, int]]:
