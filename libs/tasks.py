@@ -48,6 +48,8 @@ async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
 
 # How often a task that is still running after `cancel()` is cancelled again.
 RECANCEL_S = 0.05
+# How long an owner waits for its loops to end once cancelled, before it logs them and goes on.
+STOP_TIMEOUT_S = 10.0
 
 
 async def cancel_and_wait(tasks, *, timeout_s: float) -> list[asyncio.Task]:

@@ -42,7 +42,7 @@ from libs.fence.replay import replay_plan
 from libs.schemas.common import InputItem
 from libs.schemas.engine import CheckpointRef, OpenSession, SessionInfo
 from libs.schemas.fence import AssignNotice, ConsumedBlock, SessionMeta
-from libs.tasks import report_death
+from libs.tasks import STOP_TIMEOUT_S, cancel_and_wait, report_death
 from services.engine_host.journal import OutputJournal
 
 log = structlog.get_logger("statefleet.engine_host.assignments")
@@ -121,9 +121,7 @@ class Assignments:
             self.serving[notice.session_id] = task
 
     async def stop(self) -> None:
-        for task in self.serving.values():
-            task.cancel()
-        await asyncio.gather(*self.serving.values(), return_exceptions=True)
+        await cancel_and_wait(self.serving.values(), timeout_s=STOP_TIMEOUT_S)
         await self.client.close()
 
     async def _serve(self, notice: AssignNotice) -> None:
@@ -166,9 +164,7 @@ class Assignments:
             log.error("input_stopped", session_id=sid, version=version, code=e.code, detail=e.detail)
             await lease.stop()
         finally:
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await cancel_and_wait(background, timeout_s=STOP_TIMEOUT_S)
         await self._after_revocation(sid)
 
     async def _through_outages(self, step, sid: str, version: int):

@@ -26,7 +26,7 @@ import structlog
 from libs.errors import Conflict, StatefleetError
 from libs.fence.block_journal import BlockJournal
 from libs.schemas.fence import ConsumedBlock
-from libs.tasks import spawn
+from libs.tasks import STOP_TIMEOUT_S, cancel_and_wait, spawn
 from libs.telemetry import counter
 from services.engine_host.backends import Output
 
@@ -98,8 +98,7 @@ class OutputJournal:
             self._quiet = (last.block, last.tier)
 
     async def close(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait([self._task], timeout_s=STOP_TIMEOUT_S)  # appends are nats requests
         self._idle.set()
 
     async def _run(self) -> None:

@@ -38,6 +38,7 @@ from libs.fence import core, session_log
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import AppliedCursor, InputBatch, Kick, KickReply
+from libs.tasks import STOP_TIMEOUT_S, cancel_and_wait
 from libs.telemetry import counter
 from services.fence import input_reads
 
@@ -90,9 +91,8 @@ class Gateway:
     async def stop(self) -> None:
         """Stop fetching; unacked items go back to the shared consumer for another instance."""
         tasks = [self._task, *self._offer_tasks.values(), *self._repumps.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # cancelled again until they end: a fetch can lose one cancellation in nats-py (libs/tasks.py)
+        await cancel_and_wait(tasks, timeout_s=STOP_TIMEOUT_S)
         with contextlib.suppress(Exception):
             await self._sub.unsubscribe()
 

@@ -32,6 +32,7 @@ from libs.fence import session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
+from libs.tasks import STOP_TIMEOUT_S, cancel_and_wait
 from services.fence.dedupe import RecentIds
 
 OnStored = Callable[[str, list[InputItem], int], None]  # (session, items, their batch's stream seq)
@@ -112,9 +113,7 @@ class InputAppender:
     async def close(self) -> None:
         """Stop every writer; items not yet stored fail with `Unavailable` (their clients retry)."""
         writers = [s.writer for s in self._sessions.values() if s.writer]
-        for w in writers:
-            w.cancel()
-        await asyncio.gather(*writers, return_exceptions=True)
+        await cancel_and_wait(writers, timeout_s=STOP_TIMEOUT_S)  # a JetStream publish can lose one cancel
 
     def forget(self, session_id: str) -> None:
         s = self._sessions.get(session_id)
