@@ -72,6 +72,11 @@ def offered(specs: list[fleet_workload.SessionSpec]) -> tuple[float, float, floa
     return peak, area / max(end, 1e-9), end
 
 
+def static_hosts(load: float) -> int:
+    """Hosts a static fleet needs for `load` devices of demand, each filled to the guard band."""
+    return math.ceil(load / (1.0 - GUARD.busy_fraction))
+
+
 def progress(label: str, frac: float) -> None:
     print(f"  {label:<17} {100 * frac:5.1f}% simulated", file=sys.stderr, flush=True)
 
@@ -249,8 +254,7 @@ def main() -> None:
     if not specs:
         sys.exit("the trace yielded no sessions")
     peak, mean, end = offered(specs)
-    limit = 1.0 - GUARD.busy_fraction
-    peak_hosts, avg_hosts = math.ceil(peak / limit), max(1, math.ceil(mean / limit))
+    peak_hosts, avg_hosts = static_hosts(peak), max(1, static_hosts(mean))
     print(f"{kind}: {len(specs)} sessions over {end / 3600:.2f} h; offered load peak {peak:.1f} / mean {mean:.1f} "
           f"devices -> static peak {peak_hosts} hosts, static average {avg_hosts}", file=sys.stderr)
     p = params(args.latency_model)

@@ -11,7 +11,6 @@ simulator and arms are `bench.fleet`'s; this only varies the parameters between 
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -62,9 +61,9 @@ def main() -> None:
     args = ap.parse_args()
     kind, specs, shape = fleet.workload(args.trace, args.seed, fleet.QUICK if args.quick else fleet.FULL)
     peak_load, _, end = fleet.offered(specs)
-    peak_hosts = math.ceil(peak_load / (1.0 - fleet.GUARD.busy_fraction))
     base = fleet.params("profile")
-    peak = fleet.run_arms(specs, base, end + fleet.TICK_S, peak_hosts, 0, only=("static_peak",))["static_peak"]
+    peak = fleet.run_arms(specs, base, end + fleet.TICK_S, fleet.static_hosts(peak_load), 0,
+                          only=("static_peak",))["static_peak"]
     peak.pop("chunk_hist")
     points = []
     for text in args.sets or [""]:
