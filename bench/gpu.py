@@ -149,8 +149,9 @@ async def _ipc_receiver(state_bytes: int) -> None:
 
 async def ipc_move(leaves: list[torch.Tensor], d2d_gbps: float) -> dict:
     from libs.motion import manifest
-    from libs.motion.sender import chunk_grid, send_chunks
+    from libs.motion.sender import chunk_grid, leaf_crcs_from_chunks, send_chunks
     from libs.motion.shm import ShmChannel
+    from libs.motion.slot import staged_digest
 
     flat = manifest.flatten({"kv": leaves})
     layout = manifest.build("s", flat, [0] * len(flat.tensors))
@@ -161,9 +162,11 @@ async def ipc_move(leaves: list[torch.Tensor], d2d_gbps: float) -> dict:
         hello = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
         t0 = time.perf_counter()
         ch = await ShmChannel.open(hello["addr"], hello["token"], layout, CHUNK)
-        await send_chunks(ch, flat, chunk_grid(flat, CHUNK), bounce=False)
-        await ch.finish()
+        values = await send_chunks(ch, flat, chunk_grid(flat, CHUNK), bounce=False)
+        digest = await ch.finish()
         seconds = time.perf_counter() - t0
+        leaves = leaf_crcs_from_chunks(flat, chunk_grid(flat, CHUNK), values, ch.checksum)
+        agreed = digest == staged_digest(leaves, ch.checksum)
         await ch.close()
     finally:
         proc.stdin.close()  # the receiver's cue to stop
@@ -173,7 +176,8 @@ async def ipc_move(leaves: list[torch.Tensor], d2d_gbps: float) -> dict:
             proc.kill()  # a receiver stuck on the device must not outlive the run holding its memory
             raise
     gbps = layout.total_bytes * 8 / seconds / 1e9
-    return {"mode": ch.ready.mode, "state_bytes": layout.total_bytes, "move_ms": seconds * 1e3,
+    return {"mode": ch.ready.mode, "checksum": ch.checksum, "digests_agree": agreed,
+            "state_bytes": layout.total_bytes, "move_ms": seconds * 1e3,
             "verified_gbps": gbps, "d2d_copy_gbps": d2d_gbps, "ipc_over_d2d": gbps / d2d_gbps,
             "target_ipc_over_d2d": ">= 0.5"}
 
@@ -227,8 +231,14 @@ def device_fingerprint(leaves: list[torch.Tensor]) -> dict:
     flats[0][12345] ^= 1
     changed = devhash.fingerprint(flats[0]) != values[0]
     flats[0][12345] ^= 1
+    signs = (3, 40_003)  # the top bit of two 32-bit words (two sign flips): a parity for a hash mod 2^32
+    for i in signs:
+        flats[0][i] ^= 0x80
+    two_flips_seen = devhash.fingerprint(flats[0]) != values[0]
+    for i in signs:
+        flats[0][i] ^= 0x80
     return {"gbps": total * 8 / statistics.median(runs) / 1e9, "sees_a_flipped_bit": changed,
-            "host_bytes_per_piece": 16}
+            "sees_two_sign_flips": two_flips_seen, "bytes_per_call": flats[0].numel(), "host_bytes_per_call": 8}
 
 
 async def run_section(out: dict, name: str, fn, budget_left_s: float) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from libs.errors import IntegrityError
-from libs.motion import cma, crc
+from libs.motion import checksum, cma, crc
 
 _PIECE_BYTES = 256 << 10  # copy and checksum host chunks in pieces that stay in the core's L2 cache
 # A kernel copy pays a fixed cost per call (pinning the source pages): 1 MiB pieces, still L2-sized on
@@ -22,7 +22,9 @@ _PULL_PIECE_BYTES = 1 << 20
 
 
 class Staging(Protocol):
-    """The two slot methods a checked copy needs (`ShadowSlot` has them)."""
+    """What a checked copy needs of a slot (`ShadowSlot` has it)."""
+
+    checksum: str
 
     def region(self, leaf: int, offset: int, length: int) -> torch.Tensor: ...
 
@@ -55,7 +57,12 @@ def copy_and_check(slot: Staging, leaf: int, offset: int, data: torch.Tensor, ch
     cache; they must match `chunk_crc` (given by the sender, or else taken from `data` piece by piece
     as it is copied). Returns the source chunk's CRC."""
     region = slot.region(leaf, offset, data.numel())
-    expected, staged = copy_checked(region, data, chunk_crc)
+    if slot.checksum == checksum.DEVHASH:  # device to device: fingerprinted on the device, both sides
+        expected = checksum.of_bytes(slot.checksum, data, offset) if chunk_crc is None else chunk_crc
+        region.copy_(data)
+        staged = checksum.of_bytes(slot.checksum, region, offset)
+    else:
+        expected, staged = copy_checked(region, data, chunk_crc)
     if staged != expected:
         raise IntegrityError(f"chunk at leaf {leaf} offset {offset}: staged CRC {staged:#x} != {expected:#x}")
     slot.record(leaf, offset, staged)
@@ -63,9 +70,10 @@ def copy_and_check(slot: Staging, leaf: int, offset: int, data: torch.Tensor, ch
 
 
 def check_staged(slot: Staging, leaf: int, offset: int, region: torch.Tensor, chunk_crc: int) -> None:
-    """Bytes already written into `region` (by a socket read or a remote write) must match `chunk_crc`."""
-    staged = crc.crc_bytes(region)
-    if staged != chunk_crc:
+    """Bytes already written into `region` (by a socket read, a remote write or a device copy) must match
+    `chunk_crc`, the frame's 32 bits of a value of the slot's checksum kind; the whole value is recorded."""
+    staged = checksum.of_bytes(slot.checksum, region, offset)
+    if checksum.on_wire(slot.checksum, staged) != chunk_crc:
         raise IntegrityError(f"chunk at leaf {leaf} offset {offset}: CRC {staged:#x} != {chunk_crc:#x}")
     slot.record(leaf, offset, staged)
 

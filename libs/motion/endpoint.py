@@ -39,7 +39,7 @@ from libs.motion.pool import StagingPool
 from libs.motion.receiver import DEFAULT_LIMITS, DataPlane
 from libs.motion.receiver import Limits as DataPlaneLimits
 from libs.motion.sender import SendOptions, send_state
-from libs.motion.shm import ShmChannel
+from libs.motion.shm import DEVICE_CHUNK_BYTES, ShmChannel
 from libs.motion.slot import ShadowSlot, SlotState
 from libs.motion.tcp import TcpChannel
 from libs.motion.transport import Channel
@@ -128,21 +128,24 @@ class MotionEndpoint:
         way = route.choose(req.transport, in_process=req.dest_addr in local_receivers,
                            same_machine=bool(self.machine) and req.dest_machine == self.machine,
                            source_device=self._device().type, dest_device=req.dest_device, mode=req.mode)
+        chunk_bytes = req.chunk_bytes
+        if way in ("shm", "inprocess") and self._device().type == req.dest_device == "cuda":
+            chunk_bytes = DEVICE_CHUNK_BYTES  # device to device: few large chunks, each fingerprinted there
 
         async def open_channel(layout: Manifest) -> Channel:
             if way == "mooncake":
                 if self.mooncake is None:
                     raise Unavailable(f"host {self.host_id} runs no mooncake engine")
-                return await MooncakeChannel.open(self.mooncake, req.dest_addr, req.token, layout, req.chunk_bytes)
+                return await MooncakeChannel.open(self.mooncake, req.dest_addr, req.token, layout, chunk_bytes)
             if way == "inprocess":
-                return InProcessChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes)
+                return InProcessChannel.open(req.dest_addr, req.token, layout, chunk_bytes, self._device().type)
             if way == "shm":
-                return await ShmChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes)
-            return await TcpChannel.open(req.dest_addr, req.token, layout, req.chunk_bytes,
+                return await ShmChannel.open(req.dest_addr, req.token, layout, chunk_bytes)
+            return await TcpChannel.open(req.dest_addr, req.token, layout, chunk_bytes,
                                          codec=req.codec, byte_planes=req.byte_planes)
 
         opts = SendOptions(mode=req.mode, round_cap=max(1, req.round_cap),
-                           converge_fraction=req.converge_fraction, chunk_bytes=req.chunk_bytes)
+                           converge_fraction=req.converge_fraction, chunk_bytes=chunk_bytes)
         hold = contextlib.AsyncExitStack()
         try:
             async with asyncio.timeout(req.deadline_s):

@@ -1,7 +1,10 @@
 """The in-process transport: both hosts live in this process, so a chunk is a checked tensor copy.
 
-Device to device where both are GPUs; on host memory, copy and CRCs run piece
-by piece while each piece is in cache (`checked_copy.copy_checked`).
+Device to device where both are GPUs, each chunk then fingerprinted on the
+device (`libs.motion.devhash`, where the chunks lie on its blocks) rather than
+CRC32C'd through host memory; on host
+memory, copy and CRCs run piece by piece while each piece is in cache
+(`checked_copy.copy_checked`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 import torch
 
 from libs.errors import NotFound
-from libs.motion import crc
+from libs.motion import checksum, crc
 from libs.motion.checked_copy import copy_and_check
 from libs.motion.slot import ShadowSlot
 from libs.motion.transport import Channel, Chunk
@@ -57,13 +60,17 @@ class InProcessChannel(Channel):
         self.moved = 0
 
     @classmethod
-    def open(cls, dest_addr: str, token: str, layout: Manifest, chunk_bytes: int) -> InProcessChannel:
+    def open(cls, dest_addr: str, token: str, layout: Manifest, chunk_bytes: int,
+             source_device: str = "cpu") -> InProcessChannel:
         lookup = local_receivers.get(dest_addr)
         if lookup is None:
             raise NotFound(f"no receiver at {dest_addr} in this process", addr=dest_addr)
         slot = lookup(token)
         slot.open(layout, chunk_bytes)
-        return cls(slot)
+        ch = cls(slot)
+        if source_device == slot.device.type == "cuda":
+            slot.checksum = ch.checksum = checksum.for_device_move(chunk_bytes)
+        return ch
 
     @property
     def wire_bytes(self) -> int:

@@ -15,7 +15,7 @@ import msgspec
 import torch
 
 from libs.errors import BadRequest, IntegrityError
-from libs.motion import crc
+from libs.motion import checksum, crc, devhash
 from libs.schemas.motion import Leaf, Manifest
 
 _LEAF_EXT = 1
@@ -87,9 +87,10 @@ def topology(paths: list[str], tensors_meta: list[tuple[str, list[int]]]) -> int
     return crc.crc(_enc.encode([paths, tensors_meta]))
 
 
-def whole_fingerprint(topo: int, control: bytes, leaf_crcs: list[int]) -> int:
-    """The whole-state check: topology, the skeleton with its control values, every leaf CRC."""
-    return crc.crc(_enc.encode([topo, control, leaf_crcs]))
+def whole_fingerprint(topo: int, control: bytes, leaf_crcs: list[int], kind: str = checksum.CRC32C) -> int:
+    """The whole-state check: topology, the skeleton with its control values, every leaf value, and what
+    kind of value they are where it is not CRC32C (so a value cannot pass for one of another kind)."""
+    return crc.crc(_enc.encode([topo, control, leaf_crcs] + ([] if kind == checksum.CRC32C else [kind])))
 
 
 def leaf_crc(t: torch.Tensor) -> int:
@@ -99,10 +100,14 @@ def leaf_crc(t: torch.Tensor) -> int:
 _CRC_PIECE_BYTES = 32 << 20  # contiguous leaves are read in pieces, so one large leaf uses every worker
 
 
-async def leaf_crcs(tensors: list[torch.Tensor]) -> list[int]:
+async def leaf_crcs(tensors: list[torch.Tensor], kind: str = checksum.CRC32C) -> list[int]:
     """Every leaf's CRC32C, computed on the worker pool: pieces of every leaf in parallel, then
-    each leaf's piece CRCs combined."""
+    each leaf's piece CRCs combined. A device fingerprint (`kind`) is one job per leaf: its
+    reductions run on the leaf's device."""
     loop = asyncio.get_running_loop()
+    if kind == checksum.DEVHASH:
+        return list(await asyncio.gather(*(loop.run_in_executor(crc.pool, devhash.fingerprint, crc.byte_view(t))
+                                           for t in tensors)))
 
     def piece_crc(t: torch.Tensor, start: int, n: int) -> int:
         return crc.crc_bytes(crc.byte_view(t)[start:start + n])
@@ -122,14 +127,16 @@ async def leaf_crcs(tensors: list[torch.Tensor]) -> list[int]:
     return [crc.combine_all([next(values) for _ in lengths], lengths) for lengths in shapes]
 
 
-def build(session_id: str, flat: Flat, crcs: list[int], *, tier: str = "T0", descriptor: bytes = b"") -> Manifest:
+def build(session_id: str, flat: Flat, crcs: list[int], *, tier: str = "T0", descriptor: bytes = b"",
+          kind: str = checksum.CRC32C) -> Manifest:
+    """The manifest of `flat` whose leaves have the values `crcs`, of `kind` (`libs.motion.checksum`)."""
     meta = [(dtype_name(t.dtype), list(t.shape)) for t in flat.tensors]
     topo = topology(flat.paths, meta)
     leaves = [Leaf(path=p, dtype=d, shape=s, nbytes=t.numel() * t.element_size(), crc32c=c)
               for p, (d, s), t, c in zip(flat.paths, meta, flat.tensors, crcs, strict=True)]
     return Manifest(session_id=session_id, leaves=leaves, control=flat.control, topology=topo,
-                    fingerprint=whole_fingerprint(topo, flat.control, crcs), total_bytes=sum(x.nbytes for x in leaves),
-                    tier=tier, descriptor=descriptor)
+                    fingerprint=whole_fingerprint(topo, flat.control, crcs, kind),
+                    total_bytes=sum(x.nbytes for x in leaves), tier=tier, descriptor=descriptor, checksum=kind)
 
 
 async def register(session_id: str, tree: dict, *, tier: str = "T0", descriptor: bytes = b"",
@@ -158,8 +165,11 @@ def check_consistent(m: Manifest) -> None:
         if numel * dt.itemsize != leaf.nbytes:
             raise BadRequest(f"leaf {leaf.path}: nbytes {leaf.nbytes} != shape×dtype", path=leaf.path)
         meta.append((leaf.dtype, list(leaf.shape)))
+    if m.checksum not in checksum.KINDS:
+        raise BadRequest(f"unknown checksum kind {m.checksum!r}", session_id=m.session_id)
     topo = topology([x.path for x in m.leaves], meta)
-    if topo != m.topology or whole_fingerprint(topo, m.control, [x.crc32c for x in m.leaves]) != m.fingerprint:
+    if topo != m.topology or whole_fingerprint(topo, m.control, [x.crc32c for x in m.leaves],
+                                               m.checksum) != m.fingerprint:
         raise BadRequest("manifest topology or fingerprint does not match its leaves", session_id=m.session_id)
     if sum(x.nbytes for x in m.leaves) != m.total_bytes:
         raise BadRequest("manifest total_bytes does not match its leaves", session_id=m.session_id)

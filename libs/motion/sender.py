@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from libs.errors import Conflict, IntegrityError
-from libs.motion import crc, manifest
+from libs.motion import checksum, crc, manifest
 from libs.motion.host import StateHost
 from libs.motion.slot import chunks_of, staged_digest
 from libs.motion.transport import Channel, Chunk
@@ -47,19 +47,21 @@ async def send_chunks(ch: Channel, flat: manifest.Flat, chunks: list[Chunk], *, 
     return crcs
 
 
-async def chunk_crcs(flat: manifest.Flat, chunks: list[Chunk]) -> list[int]:
+async def chunk_crcs(flat: manifest.Flat, chunks: list[Chunk], kind: str = checksum.CRC32C) -> list[int]:
     loop = asyncio.get_running_loop()
     views = [crc.byte_view(t) for t in flat.tensors]
-    futs = [loop.run_in_executor(crc.pool, lambda c=c: crc.crc_bytes(views[c[0]][c[1]:c[1] + c[2]])) for c in chunks]
+    futs = [loop.run_in_executor(crc.pool, lambda c=c: checksum.of_bytes(kind, views[c[0]][c[1]:c[1] + c[2]], c[1]))
+            for c in chunks]
     return list(await asyncio.gather(*futs))
 
 
-def leaf_crcs_from_chunks(flat: manifest.Flat, chunks: list[Chunk], crcs: list[int]) -> list[int]:
+def leaf_crcs_from_chunks(flat: manifest.Flat, chunks: list[Chunk], crcs: list[int],
+                          kind: str = checksum.CRC32C) -> list[int]:
     per_leaf: list[tuple[list[int], list[int]]] = [([], []) for _ in flat.tensors]
     for (leaf, _, n), value in zip(chunks, crcs, strict=True):
         per_leaf[leaf][0].append(value)
         per_leaf[leaf][1].append(n)
-    return [crc.combine_all(v, n) for v, n in per_leaf]
+    return [checksum.combine(kind, v, n) for v, n in per_leaf]
 
 
 def _flat_now(host: StateHost, session_id: str, topology: int | None) -> manifest.Flat:
@@ -92,7 +94,7 @@ async def send_state(host: StateHost, session_id: str, open_channel: OpenChannel
             rounds.append(1.0)
             for _ in range(1, opts.round_cap):
                 flat = _flat_now(host, session_id, topo)
-                now = await chunk_crcs(flat, chunks)
+                now = await chunk_crcs(flat, chunks, ch.checksum)
                 dirty = [i for i, (a, b) in enumerate(zip(now, sent, strict=True)) if a != b]
                 rounds.append(len(dirty) / max(len(chunks), 1))
                 if rounds[-1] <= opts.converge_fraction:
@@ -112,16 +114,16 @@ async def send_state(host: StateHost, session_id: str, open_channel: OpenChannel
             rounds.append(1.0)
         else:
             assert sent is not None
-            final = await chunk_crcs(flat, chunks)
+            final = await chunk_crcs(flat, chunks, ch.checksum)
             dirty = [i for i, (a, b) in enumerate(zip(final, sent, strict=True)) if a != b]
             rounds.append(len(dirty) / max(len(chunks), 1))
             await send_chunks(ch, flat, [chunks[i] for i in dirty], bounce=False)
-        leaf_crcs = leaf_crcs_from_chunks(flat, chunks, final)
+        leaf_crcs = leaf_crcs_from_chunks(flat, chunks, final, ch.checksum)
         digest = await ch.finish()
         freeze_s = time.monotonic() - frozen
-        if digest != staged_digest(leaf_crcs):
+        if digest != staged_digest(leaf_crcs, ch.checksum):
             raise IntegrityError("the receiver staged different bytes than were sent", session_id=session_id)
-        m = manifest.build(session_id, flat, leaf_crcs, tier=tier, descriptor=descriptor)
+        m = manifest.build(session_id, flat, leaf_crcs, tier=tier, descriptor=descriptor, kind=ch.checksum)
         return MigrateResult(manifest=m, rounds=rounds, wire_bytes=ch.wire_bytes,
                              transfer_s=time.monotonic() - started, freeze_s=freeze_s)
     finally:

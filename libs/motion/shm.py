@@ -20,7 +20,11 @@ then says how the bytes will come (`Plan`), once, before its first frame:
 
 Device slots (`cuda_ipc` mode, source and destination on CUDA): the sender
 sends CUDA IPC handles of its (frozen) leaf storages; the receiver opens them
-and copies each chunk device to device on its own stream.
+and copies each chunk device to device on its own stream. Where the chunks lie
+on the device fingerprint's blocks (as the DEVICE_CHUNK_BYTES an engine host
+sends do), both sides fingerprint them on their devices (`libs.motion.devhash`,
+the move's `checksum` kind) rather than CRC32C them through host memory; few
+and large chunks, since each costs a few kernels and one sync on either side.
 
 Either way the frames, the one-time token, the chunk CRCs and the final
 acknowledgement travel on the TCP control stream exactly as for TCP payloads
@@ -46,16 +50,17 @@ import numpy as np
 import torch
 
 from libs.errors import IntegrityError, Unavailable
-from libs.motion import cma, crc, wire
+from libs.motion import checksum, cma, crc, wire
 from libs.motion.checked_copy import check_staged, copy_out, pull_checked
 from libs.motion.prefetch import Prefetch
 from libs.motion.slot import ShadowSlot
 from libs.motion.stream import FrameStream
-from libs.motion.transport import Channel, Chunk, read_chunk
+from libs.motion.transport import Channel, Chunk
 from libs.schemas.motion import Manifest
 
 CODEC = wire.CODECS["shm"]
 MAX_MESSAGE_BYTES = 16 << 20
+DEVICE_CHUNK_BYTES = 64 << 20  # the chunk of a move between CUDA devices
 M = TypeVar("M", bound=msgspec.Struct)
 
 
@@ -119,7 +124,9 @@ async def _read(recv: Callable[[int], Awaitable[bytes]], kind: type[M]) -> M:
 
 
 def ready_for(slot: ShadowSlot) -> Ready:
+    """The offer for an opened slot; a device slot's chunks are fingerprinted on the device from here on."""
     if slot.device.type == "cuda":
+        slot.checksum = checksum.for_device_move(slot.chunk_bytes)  # the sender decides alike
         return Ready("cuda_ipc", os.getpid())
     if slot.memory is None:
         raise IntegrityError("this slot has no shared memory to offer")
@@ -203,7 +210,8 @@ def copy_stream(slot: ShadowSlot, leaves: list[CudaLeaf]) -> torch.cuda.Stream:
 
 
 def pull_and_check(slot: ShadowSlot, sources: list[torch.Tensor], stream, f: wire.Frame, region: torch.Tensor) -> None:
-    """Copy one chunk device to device on the receiver's stream, then check its CRC over the staged bytes."""
+    """Copy one chunk device to device on the receiver's stream, then check its device fingerprint over
+    the staged bytes (the sync makes the copy visible to this thread's stream, where the check runs)."""
     with torch.cuda.stream(stream):
         region.copy_(sources[f.leaf][f.offset:f.offset + f.length], non_blocking=True)
     stream.synchronize()
@@ -232,7 +240,10 @@ class ShmChannel(Channel):
                     off < 0 or off + leaf.nbytes > ready.length
                     for off, leaf in zip(ready.leaves, layout.leaves, strict=True))):
                 raise IntegrityError("the receiver's region does not hold the layout")
-            return cls(stream, ready, layout)
+            ch = cls(stream, ready, layout)
+            if ready.mode == "cuda_ipc":
+                ch.checksum = checksum.for_device_move(chunk_bytes)  # as the receiver's `ready_for`
+            return ch
         except BaseException:
             await stream.close()
             raise
@@ -249,8 +260,7 @@ class ShmChannel(Channel):
         try:
             if self.ready.mode == "cuda_ipc":
                 await self._send_handles(views, bounce)
-                read = functools.partial(read_chunk, views, bounce=False, checksum=True)
-                return await asyncio.to_thread(self._send_round, chunks, lambda c: read(c)[1])
+                return await asyncio.to_thread(self._send_round, chunks, functools.partial(self._fingerprint, views))
             if self.plan is None:
                 await self._choose(views, bounce)
             assert self.plan is not None
@@ -287,6 +297,12 @@ class ShmChannel(Channel):
         self.secret = np.frombuffer(os.urandom(16), dtype=np.uint8).copy()  # kept alive until close
         return Plan(True, os.getpid(), [v.data_ptr() for v in views], self.secret.ctypes.data, self.secret.tobytes())
 
+    def _fingerprint(self, views: list[torch.Tensor], c: Chunk) -> int:
+        """A device chunk's value, taken over the frozen leaf the receiver copies from: on the device
+        (devhash), or CRC32C through host memory where the chunks are off its blocks."""
+        leaf, off, n = c
+        return checksum.of_bytes(self.checksum, views[leaf][off:off + n], off)
+
     def _checksum(self, views: list[torch.Tensor], c: Chunk) -> int:
         """A pulled chunk's CRC, taken over the frozen source memory the receiver is about to read."""
         leaf, off, n = c
@@ -303,7 +319,8 @@ class ShmChannel(Channel):
         with Prefetch(job, chunks) as ahead:
             for (leaf, off, n), fut in zip(chunks, ahead, strict=True):
                 value = fut.result()
-                self.stream.send_blocking(self.stream.data_frame(CODEC, leaf, off, n, 0, value, moved=n))
+                frame = self.stream.data_frame(CODEC, leaf, off, n, 0, checksum.on_wire(self.checksum, value), moved=n)
+                self.stream.send_blocking(frame)
                 out.append(value)
         return out
 

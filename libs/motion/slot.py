@@ -18,7 +18,7 @@ from enum import Enum
 import torch
 
 from libs.errors import BadRequest, Conflict, IntegrityError, TooLarge
-from libs.motion import crc, manifest, pool
+from libs.motion import checksum, crc, manifest, pool
 from libs.schemas.motion import Manifest
 
 LEAF_ALIGN = 64  # every leaf starts on a cache line (and on any dtype's alignment) within the slot's region
@@ -63,6 +63,7 @@ class ShadowSlot:
         self.memory: pool.Region | None = None  # host slots: the memfd region holding the staged leaves
         self.leaf_offsets: list[int] = []  # each leaf's byte offset within `memory`
         self.staging = ""  # "pool", or "fresh: <why>": what the receipt reports
+        self.checksum = checksum.CRC32C  # what each chunk's and leaf's value is (set before the first chunk)
         self.done = asyncio.Event()  # set once RECEIVED or FAILED
 
     @property
@@ -144,13 +145,13 @@ class ShadowSlot:
             raise IntegrityError(f"{missing} chunks never arrived", move_id=self.move_id)
         self.state = SlotState.RECEIVED
         self.done.set()
-        return staged_digest(self.staged_leaf_crcs())
+        return staged_digest(self.staged_leaf_crcs(), self.checksum)
 
     def staged_leaf_crcs(self) -> list[int]:
         out = []
         for flat, crcs in zip(self.flats, self.chunk_crcs, strict=True):
             lengths = [n for _, n in chunks_of(flat.numel(), self.chunk_bytes)]
-            out.append(crc.combine_all(crcs, lengths))  # type: ignore[arg-type]
+            out.append(checksum.combine(self.checksum, crcs, lengths))  # type: ignore[arg-type]
         return out
 
     def fail(self, reason: str) -> None:
@@ -181,7 +182,10 @@ class ShadowSlot:
         if expected.topology != self.layout.topology or expected.session_id != self.session_id:
             self.fail("manifest does not match the staged layout")
             raise IntegrityError(self.reason, move_id=self.move_id)
-        got = await manifest.leaf_crcs(self.tensors) if full else self.staged_leaf_crcs()
+        if expected.checksum != self.checksum:
+            self.fail(f"the manifest's leaves carry {expected.checksum} values, the staged chunks {self.checksum}")
+            raise IntegrityError(self.reason, move_id=self.move_id)
+        got = await manifest.leaf_crcs(self.tensors, self.checksum) if full else self.staged_leaf_crcs()
         bad = [leaf.path for leaf, c in zip(expected.leaves, got, strict=True) if leaf.crc32c != c]
         if bad:
             self.fail(f"{len(bad)} leaves differ from the manifest (first: {bad[0]})")
@@ -192,5 +196,7 @@ class ShadowSlot:
         return self.verified
 
 
-def staged_digest(leaf_crcs: list[int]) -> int:
-    return crc.crc(b"".join(c.to_bytes(4, "little") for c in leaf_crcs))
+def staged_digest(leaf_crcs: list[int], kind: str = checksum.CRC32C) -> int:
+    """The receiver's acknowledgement of what it staged: a CRC32C of its leaf values in order."""
+    width = 8 if kind == checksum.DEVHASH else 4
+    return crc.crc(b"".join(c.to_bytes(width, "little") for c in leaf_crcs))

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from libs.motion import crc
+from libs.motion import checksum, crc
 from libs.motion.prefetch import Prefetch
 
 Chunk = tuple[int, int, int]  # leaf, offset, length (bytes)
@@ -47,6 +47,8 @@ def read_chunk(views: list[torch.Tensor], c: Chunk, *, bounce: bool, checksum: b
 
 class Channel(ABC):
     """One move's path into the destination slot."""
+
+    checksum = checksum.CRC32C  # the kind of value its chunk CRCs are (`libs.motion.checksum`), fixed at open
 
     @property
     @abstractmethod

@@ -23,7 +23,7 @@ class Leaf(Msg):
     dtype: str  # torch dtype name without the "torch." prefix
     shape: list[int]
     nbytes: int
-    crc32c: int
+    crc32c: int  # the leaf's CRC32C, or its fingerprint of the kind the manifest's `checksum` names
 
 
 class Manifest(Msg):
@@ -32,7 +32,9 @@ class Manifest(Msg):
     `topology` hashes the tensor structure (paths, dtypes, shapes);
     `fingerprint` is the whole-state check: CRC32C over the topology, the
     skeleton with its control values, and every leaf CRC in order. Two trees with equal fingerprints are
-    byte-identical with CRC32C confidence.
+    byte-identical with CRC32C confidence. `checksum` says what the leaf values are: "crc32c", or
+    "devhash64" for a move between CUDA devices (`libs.motion.checksum`), which `fingerprint` then covers too:
+    the same bytes moved by another transport have another fingerprint.
     """
 
     session_id: str
@@ -43,6 +45,7 @@ class Manifest(Msg):
     total_bytes: int
     tier: str = "T0"  # determinism tier the engine declares for this session
     descriptor: bytes = b""  # opaque engine bytes (backend, seed, cursor) that travel with the state
+    checksum: str = "crc32c"
 
 
 # ---------------------------------------------------------------- the six verbs (sf.engine.<host>.<verb>)

@@ -24,7 +24,9 @@ def test_piecewise_crcs_cover_every_byte(nbytes, seed):
 
 
 class _Slot:
-    """Just the two slot methods `copy_and_check` calls, over one flat leaf."""
+    """Just what `copy_and_check` uses of a slot, over one flat leaf."""
+
+    checksum = "crc32c"
 
     def __init__(self, nbytes: int) -> None:
         self.flat, self.recorded = torch.zeros(nbytes, dtype=torch.uint8), {}

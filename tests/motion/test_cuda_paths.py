@@ -1,6 +1,6 @@
 """The parts of the `cuda` paths that run without a GPU: `bench.gpu`'s section runner, the CUDA IPC
-description of empty leaves, the device fingerprint's arithmetic and alignment, and a receiver whose
-slot cannot be allocated (as a device slot that does not fit in device memory)."""
+description of empty leaves, and a receiver whose slot cannot be allocated (as a device slot that does
+not fit in device memory). The device fingerprint has its own tests (`test_devhash.py`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from bench import gpu
 from libs.errors import IntegrityError, StatefleetError, Unauthorized
-from libs.motion import devhash, manifest, shm
+from libs.motion import manifest, shm
 from libs.motion.receiver import DataPlane
 from libs.motion.sender import chunk_grid, send_chunks
 from libs.motion.slot import ShadowSlot, SlotState
@@ -51,32 +51,6 @@ def test_a_non_empty_leaf_without_a_handle_is_refused():
     layout = manifest.build("s", manifest.flatten({"kv": torch.zeros(8)}), [0])
     with pytest.raises(IntegrityError):
         shm.open_sources([shm.CudaLeaf(0, b"", 32, 0, b"", 0, b"", False, 0)], layout)
-
-
-def _reference(data: bytes) -> int:
-    data += bytes(-len(data) % 4)
-    words = [int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data), 4)]
-    return sum(x * (2 * devhash.A * i + 2 * devhash.B + 1) for i, x in enumerate(words)) & devhash.MASK
-
-
-@pytest.mark.parametrize("nbytes", [0, 1, 3, 4, 37, 64])
-def test_fingerprint_matches_its_definition_across_pieces(monkeypatch, nbytes):
-    monkeypatch.setattr(devhash, "PIECE_WORDS", 4)  # several pieces: the per-piece weight offsets count
-    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
-    assert devhash.fingerprint(data) == _reference(data.numpy().tobytes())
-
-
-def test_fingerprint_of_an_unaligned_view():
-    buf = torch.randint(0, 256, (1001,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
-    view = buf[1:]  # 1000 bytes starting one byte into the storage
-    assert devhash.fingerprint(view) == _reference(view.numpy().tobytes())
-
-
-def test_fingerprint_caches_few_index_tensors():
-    devhash._arange.cache_clear()
-    for n in range(1, 400, 7):
-        devhash.fingerprint(torch.zeros(n, dtype=torch.uint8))
-    assert devhash._arange.cache_info().currsize <= 8  # powers of two up to 128 words, not one per size
 
 
 async def test_a_slot_that_cannot_be_allocated_is_failed_and_the_sender_told(monkeypatch):
