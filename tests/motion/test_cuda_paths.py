@@ -86,3 +86,15 @@ async def test_a_slot_that_cannot_be_allocated_is_failed_and_the_sender_told(mon
         await plane.stop()
     assert slot.state is SlotState.FAILED
     assert "out of memory" in slot.reason
+
+
+async def test_the_ipc_move_section_runs_its_moves_on_host_memory():
+    """`bench.gpu`'s cross-process section, its receiver child and its statistics, with host leaves: the
+    same flow as on a GPU (there the slots are on cuda:0 and the move goes by CUDA IPC)."""
+    leaves = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in (3 << 20, 1 << 20, 5)]
+    out = await gpu.ipc_move(leaves, d2d_gbps=100.0)
+    assert out["digests_agree"] is True
+    assert out["mode"] == ["memfd"] and out["checksum"] == ["crc32c"]
+    assert len(out["runs_ms"]) == gpu.IPC_MOVES and out["cold_move_ms"] == out["runs_ms"][0]
+    assert out["ipc_over_d2d"] == pytest.approx(out["verified_gbps"] / 100.0)
+    json.dumps(out)
