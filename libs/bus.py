@@ -179,6 +179,26 @@ async def ensure_kv(
         return await js.key_value(bucket)
 
 
+async def kv_entries(js: JetStreamContext, bucket: str) -> list[KeyValue.Entry]:
+    """The latest entry of every key in the bucket, deleted and purged keys left out, read now.
+
+    Not `KeyValue.keys()`: nats-py lists keys with a watcher whose first pass ends by pending counts, and
+    a key rewritten during that pass can be left out, or the listing come back empty (NoKeysError) for a
+    bucket that has keys: 20 of 413 listings of a three-key bucket were wrong while one key was rewritten
+    in a loop, as heartbeats rewrite theirs (2026-12-01). The server lists a stream's subjects in one step
+    (`STREAM.INFO` with a subject filter; up to 100,000 in one reply)."""
+    kv = await js.key_value(bucket)
+    prefix = f"$KV.{bucket}."
+    info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
+    out = []
+    for subject in sorted(info.state.subjects or {}):
+        try:
+            out.append(await kv.get(subject.removeprefix(prefix)))
+        except nats.js.errors.KeyNotFoundError:  # deleted, purged, or expired since the listing
+            continue
+    return out
+
+
 async def ensure_object_store(js: JetStreamContext, bucket: str, *, replicas: int = 1) -> ObjectStore:
     try:
         return await js.create_object_store(bucket=bucket, replicas=replicas)

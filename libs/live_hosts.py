@@ -28,8 +28,9 @@ from libs.schemas.common import EngineEntry
 
 
 class LiveHosts:
-    def __init__(self, kv: KeyValue, heartbeat_s: float, log: structlog.typing.FilteringBoundLogger) -> None:
-        self.kv = kv
+    def __init__(self, js: JetStreamContext, kv: KeyValue, heartbeat_s: float,
+                 log: structlog.typing.FilteringBoundLogger) -> None:
+        self.js, self.kv = js, kv
         self.heartbeat_s = heartbeat_s
         self.max_age_s = heartbeat_s * names.HEARTBEAT_TTL_FACTOR
         self.log = log
@@ -42,7 +43,7 @@ class LiveHosts:
         """The view on the engines bucket (created with its TTL if it is not there yet)."""
         kv = await bus.ensure_kv(js, names.ENGINES_BUCKET, ttl_s=heartbeat_s * names.HEARTBEAT_TTL_FACTOR,
                                  replicas=replicas)
-        return cls(kv, heartbeat_s, log)
+        return cls(js, kv, heartbeat_s, log)
 
     def _fresh(self, hosts: list[EngineEntry]) -> list[EngineEntry]:
         oldest = time.time() - self.max_age_s
@@ -59,17 +60,9 @@ class LiveHosts:
 
     async def read(self) -> list[EngineEntry]:
         """Every live host, read from the bucket now."""
-        try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
         hosts = []
-        for key in keys:
-            try:
-                entry = await self.kv.get(key)
-            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                continue  # expired or left between listing and reading
-            if (host := self._decode(key, entry.value)) is not None:
+        for entry in await bus.kv_entries(self.js, names.ENGINES_BUCKET):
+            if (host := self._decode(entry.key, entry.value)) is not None:
                 hosts.append(host)
         return self._fresh(hosts)
 

@@ -27,22 +27,10 @@ def default_nats_url() -> str:
 
 async def read_bucket(js, bucket: str, typ: type) -> list:
     try:
-        kv = await js.key_value(bucket)
+        entries = await bus.kv_entries(js, bucket)
     except nats.js.errors.BucketNotFoundError:
         return []
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return []
-    out = []
-    for key in keys:
-        try:
-            entry = await kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
-            continue  # expired between listing and reading
-        if entry.value:
-            out.append(decode(entry.value, typ))
-    return out
+    return [decode(e.value, typ) for e in entries if e.value]
 
 
 async def fleet(nats_url: str) -> dict[str, list]:

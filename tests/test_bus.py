@@ -147,3 +147,32 @@ async def test_stream_spec_change_updates_the_existing_stream(nc):
     await bus.ensure_stream(js, bus.StreamSpec(name="SF_TEST2", subjects=["sf.t2.>"]))
     info = await bus.ensure_stream(js, bus.StreamSpec(name="SF_TEST2", subjects=["sf.t2.>", "sf.t3.>"]))
     assert set(info.config.subjects) == {"sf.t2.>", "sf.t3.>"}
+
+
+async def test_a_bucket_listing_sees_every_key_while_one_is_rewritten(nc):
+    """Heartbeats rewrite their keys every second while placement lists the bucket: a listing must still
+    hold every live key, and never a deleted one. nats-py's `KeyValue.keys()` got 20 of 413 such
+    listings wrong (a key left out, or NoKeysError for a bucket with keys)."""
+    js = nc.jetstream()
+    kv = await bus.ensure_kv(js, "sf_test_listing")
+    for key in ("a", "b", "c", "gone"):
+        await kv.put(key, b"1")
+    await kv.delete("gone")
+    stop = asyncio.Event()
+
+    async def rewrite() -> None:
+        i = 0
+        while not stop.is_set():
+            await kv.put("b", str(i).encode())
+            i += 1
+
+    writer = asyncio.create_task(rewrite())
+    try:
+        for _ in range(150):
+            assert [e.key for e in await bus.kv_entries(js, "sf_test_listing")] == ["a", "b", "c"]
+            await asyncio.sleep(0.005)
+    finally:
+        stop.set()
+        await writer
+    await kv.purge("a")
+    assert [e.key for e in await bus.kv_entries(js, "sf_test_listing")] == ["b", "c"]

@@ -308,11 +308,8 @@ class AdmissionService(Service):
 
     async def _recover(self) -> None:
         """Rebuild the queue (in creation order, with the original deadlines) and reservations."""
-        try:
-            keys = await self.records.keys()
-        except nats.js.errors.NoKeysError:
-            return
-        records = sorted([await self._load(k) for k in keys], key=lambda r: (r.created_at, r.session_id))
+        entries = await bus.kv_entries(self.js, names.ADMISSION_BUCKET)
+        records = sorted([await self._load(e.key) for e in entries], key=lambda r: (r.created_at, r.session_id))
         for r in records:
             if r.state != "timed_out":
                 self._tenants[r.tenant] += 1
