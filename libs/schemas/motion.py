@@ -14,6 +14,7 @@ MoveOutcome = Literal["committed", "rolled_back", "rejected"]
 # auto: in-process when the destination is in this process, shared memory when it is on this machine
 # (`libs.motion.route`), else TCP; the others force one transport.
 Transport = Literal["auto", "shm", "tcp", "mooncake"]
+Checksum = Literal["crc32c", "devhash64"]  # what a manifest's leaf values are (`libs.motion.checksum`)
 
 
 class Leaf(Msg):
@@ -45,7 +46,7 @@ class Manifest(Msg):
     total_bytes: int
     tier: str = "T0"  # determinism tier the engine declares for this session
     descriptor: bytes = b""  # opaque engine bytes (backend, seed, cursor) that travel with the state
-    checksum: str = "crc32c"
+    checksum: Checksum = "crc32c"
 
 
 # ---------------------------------------------------------------- the six verbs (sf.engine.<host>.<verb>)

@@ -15,11 +15,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.errors import BadRequest, IntegrityError
+from libs.errors import BadRequest, IntegrityError, SchemaError
 from libs.motion import checksum, devhash, manifest, shm
 from libs.motion.checked_copy import check_staged
 from libs.motion.sender import chunk_grid, leaf_crcs_from_chunks
 from libs.motion.slot import ShadowSlot, SlotState, staged_digest
+from libs.schemas.base import decode, encode
+from libs.schemas.motion import Manifest
 
 ROW, BLOCK = devhash.ROW_BYTES, devhash.BLOCK_BYTES
 
@@ -145,6 +147,8 @@ def test_a_manifests_values_are_bound_to_their_kind():
         manifest.check_consistent(msgspec.structs.replace(dev_m, checksum=checksum.CRC32C))
     with pytest.raises(BadRequest):
         manifest.check_consistent(msgspec.structs.replace(dev_m, checksum="md5"))
+    with pytest.raises(SchemaError):  # nor does one arrive over the bus
+        decode(encode(msgspec.structs.replace(dev_m, checksum="md5")), Manifest)
 
 
 def _staged_devhash_slot(state: dict, chunk: int) -> tuple[ShadowSlot, manifest.Flat, list[int]]:
