@@ -153,9 +153,11 @@ def _queued(r: SessionRecord, now: float) -> Session:
 
 
 def dirty_rate_bps(contract: Contract, backend: str, entry: EngineEntry) -> float:
-    """Bytes a block rewrites (the host's measured profile row) times blocks per second."""
+    """Bytes a block rewrites (the host's measured profile row) times blocks per second: one block every
+    release period (C1's period; a C2 deadline over its blocks per window), back to back for classes
+    released only when asked."""
     row = floor_row(entry.profile, backend, contract.quality_floor)
     if row is None or not row.dirty_bytes_per_block:
         return 0.0
-    period_ms = contract.period_ms or row.block_ms
+    period_ms = contract.release_period_ms or row.block_ms
     return row.dirty_bytes_per_block * 1e3 / period_ms if period_ms else 0.0

@@ -114,3 +114,14 @@ def test_measured_path_rates_reach_the_policies_and_the_prior_covers_the_rest():
                                fleetview.Activity())
     h0, h1 = fleet.hosts
     assert fleet.paths.rate(h0, h1) == 1.5e9 and fleet.paths.rate(h1, h0) == 1e9  # the configured prior
+
+
+def test_a_deadline_sessions_dirty_rate_is_one_block_per_release_period():
+    """A C2a session due 100 blocks in 10 s rewrites a block's bytes every 100 ms, not every block_ms (a
+    block is computed in a few ms and then waits for its release): the move's predicted freeze and its
+    admissibility take this rate."""
+    from libs.contracts import Contract
+
+    c2 = Contract(session_class="C2a", quality_floor=1, determinism="T1", deadline_ms=10_000.0, blocks_per_window=100)
+    profile = [msgspec.structs.replace(r, dirty_bytes_per_block=1000) for r in rows()]
+    assert fleetview.dirty_rate_bps(c2, "world", host("h0", profile=profile)) == 1000 * 1e3 / 100.0
