@@ -270,9 +270,11 @@ class EngineRuntime:
         """Share of device time the periodic sessions are promised: their quanta at their quality floors,
         at the costs learned while serving. This is what admission budgets for each of them
         (`contracts.demand` at the floor row), so the two count the same thing; the scheduler steps
-        sessions down toward their floors whenever what they are served at would not fit."""
+        sessions down toward their floors whenever what they are served at would not fit. A session held
+        at a block boundary (a checkpoint, a move) still counts: it resumes; a suspended one does not."""
+        suspended = {s.sid for s in self.sessions if s.status == "suspended"}
         return sum(self.costs.estimate(t.shape, t.ladder[0], 1) / t.period_s for t in self.sched.tasks.values()
-                   if t.cls in PERIODIC and not t.paused)
+                   if t.cls in PERIODIC and t.sid not in suspended)
 
     def served_fraction(self) -> float:
         """Share of device time the periodic sessions take at the tiers they are served at now."""

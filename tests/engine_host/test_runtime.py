@@ -414,5 +414,9 @@ async def test_the_heartbeat_load_is_what_admission_budgets_and_the_profile_foll
         assert row is not None and row.quantum_ms == pytest.approx(0.8 * 10.0 + 0.2 * 30.0)  # the cost EWMA
         assert rt.busy_fraction() == pytest.approx(demand(contract, row).busy_fraction)
         assert rt.served_fraction() == pytest.approx(rt.costs.estimate(shape, rt.sched.tasks["c"].tier, 1))
+        async with rt.boundaries.hold(rt.sessions.get("c")):  # a checkpoint or a move holds it: it still counts
+            assert rt.busy_fraction() == pytest.approx(demand(contract, row).busy_fraction)
+        await rt.suspend("c")  # offloaded: it takes no device time until it resumes
+        assert rt.busy_fraction() == 0.0
     finally:
         await rt.stop()
