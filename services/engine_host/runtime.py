@@ -282,12 +282,15 @@ class EngineRuntime:
 
     def refreshed_profile(self, rows: list[ProfileRow]) -> list[ProfileRow]:
         """The start-up rows with each quantum's cost as serving has measured it since (the cost model's
-        EWMA for the default config, batch of one): admission prices the next session at today's cost."""
+        EWMA for the default config, batch of one): admission prices the next session at today's cost.
+        A block takes its quantum plus the stages off the device, which serving does not measure apart:
+        the block moves with the quantum, so the off-device overhead stays what start-up measured
+        (placement's latency model reads it as `block_ms − quantum_ms`)."""
         out = []
         for r in rows:
             learned = self.costs.estimate(shape_of(self.backend(r.backend)), r.tier, 1) * 1000
-            out.append(r if learned <= 0 or learned == r.quantum_ms
-                       else msgspec.structs.replace(r, quantum_ms=learned))
+            out.append(r if learned <= 0 or learned == r.quantum_ms else msgspec.structs.replace(
+                r, quantum_ms=learned, block_ms=r.block_ms + learned - r.quantum_ms))
         return out
 
     def backend_infos(self) -> list[BackendInfo]:
