@@ -19,7 +19,7 @@ import time
 
 import nats.errors
 import nats.js.errors
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
 
 from libs import bus, errors, names
 from libs.fence import replay
@@ -40,20 +40,41 @@ async def read_tail(js: JetStreamContext, session_id: str) -> tuple[BlockEntry |
 
 
 async def read_all(js: JetStreamContext, session_id: str, through: int) -> list[tuple[int, BlockEntry]]:
-    """Every entry of the journal up to stream sequence `through`, in order, with its stream sequence."""
-    out: list[tuple[int, BlockEntry]] = []
-    pos = 1
+    """Every entry of the journal up to stream sequence `through`, in order, with its stream sequence,
+    as the journal stood at one moment.
+
+    The entries are read one direct get at a time while the owner may purge (`forget_through` after
+    each checkpoint). A purge that lands mid-read would leave the entries read before it and those
+    left after it: the journal with a hole where the purged ones were, which reads as blocks never
+    recorded. A purge only removes everything below the entry it keeps, so if the first entry read is
+    still the journal's first once the rest is read, nothing after it was purged meanwhile and the read
+    is whole; otherwise it starts over."""
     subject = names.block_journal_subject(session_id)
-    while pos <= through:
-        try:
-            raw = await js.get_msg(names.BLOCK_STREAM, seq=pos, subject=subject, next=True, direct=True)
-        except nats.js.errors.NotFoundError:
-            break
-        if raw.seq > through:
-            break
-        out.append((raw.seq, decode(raw.data, BlockEntry)))
-        pos = raw.seq + 1
-    return out
+    for _ in range(bus.MAX_CAS_ATTEMPTS):
+        out: list[tuple[int, BlockEntry]] = []
+        pos = 1
+        while pos <= through:
+            raw = await _next_entry(js, subject, pos, session_id)
+            if raw is None or raw.seq > through:
+                break
+            out.append((raw.seq, decode(raw.data, BlockEntry)))
+            pos = raw.seq + 1
+        if not out:
+            return out
+        first = await _next_entry(js, subject, 1, session_id)
+        if first is not None and first.seq == out[0][0]:
+            return out
+    raise errors.Unavailable("the block journal kept being purged while read", session_id=session_id)
+
+
+async def _next_entry(js: JetStreamContext, subject: str, pos: int, session_id: str) -> api.RawStreamMsg | None:
+    """The journal's first message at stream sequence `pos` or after (None: there is none)."""
+    try:
+        return await js.get_msg(names.BLOCK_STREAM, seq=pos, subject=subject, next=True, direct=True)
+    except nats.js.errors.NotFoundError:
+        return None
+    except nats.errors.TimeoutError:
+        raise errors.Timeout("reading the block journal timed out", session_id=session_id) from None
 
 
 class BlockJournal:
