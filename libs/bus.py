@@ -179,17 +179,17 @@ async def ensure_kv(
         return await js.key_value(bucket)
 
 
-async def kv_entries(js: JetStreamContext, bucket: str) -> list[KeyValue.Entry]:
+async def kv_entries(kv: KeyValue) -> list[KeyValue.Entry]:
     """The latest entry of every key in the bucket, deleted and purged keys left out, read now.
 
     Not `KeyValue.keys()`: nats-py lists keys with a watcher whose first pass ends by pending counts, and
     a key rewritten during that pass can be left out, or the listing come back empty (NoKeysError) for a
     bucket that has keys: 20 of 413 listings of a three-key bucket were wrong while one key was rewritten
     in a loop, as heartbeats rewrite theirs (2026-12-01). The server lists a stream's subjects in one step
-    (`STREAM.INFO` with a subject filter; up to 100,000 in one reply)."""
-    kv = await js.key_value(bucket)
-    prefix = f"$KV.{bucket}."
-    info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
+    (`STREAM.INFO` with a subject filter; up to 100,000 in one reply). The bucket's stream and subject
+    prefix are the handle's own (nats-py keeps them as `_stream` and `_pre`)."""
+    prefix = kv._pre
+    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{prefix}>")
     out = []
     for subject in sorted(info.state.subjects or {}):
         try:

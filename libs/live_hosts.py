@@ -28,9 +28,8 @@ from libs.schemas.common import EngineEntry
 
 
 class LiveHosts:
-    def __init__(self, js: JetStreamContext, kv: KeyValue, heartbeat_s: float,
-                 log: structlog.typing.FilteringBoundLogger) -> None:
-        self.js, self.kv = js, kv
+    def __init__(self, kv: KeyValue, heartbeat_s: float, log: structlog.typing.FilteringBoundLogger) -> None:
+        self.kv = kv
         self.heartbeat_s = heartbeat_s
         self.max_age_s = heartbeat_s * names.HEARTBEAT_TTL_FACTOR
         self.log = log
@@ -43,7 +42,7 @@ class LiveHosts:
         """The view on the engines bucket (created with its TTL if it is not there yet)."""
         kv = await bus.ensure_kv(js, names.ENGINES_BUCKET, ttl_s=heartbeat_s * names.HEARTBEAT_TTL_FACTOR,
                                  replicas=replicas)
-        return cls(js, kv, heartbeat_s, log)
+        return cls(kv, heartbeat_s, log)
 
     def _fresh(self, hosts: list[EngineEntry]) -> list[EngineEntry]:
         oldest = time.time() - self.max_age_s
@@ -61,7 +60,7 @@ class LiveHosts:
     async def read(self) -> list[EngineEntry]:
         """Every live host, read from the bucket now."""
         hosts = []
-        for entry in await bus.kv_entries(self.js, names.ENGINES_BUCKET):
+        for entry in await bus.kv_entries(self.kv):
             if (host := self._decode(entry.key, entry.value)) is not None:
                 hosts.append(host)
         return self._fresh(hosts)

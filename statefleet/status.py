@@ -27,10 +27,10 @@ def default_nats_url() -> str:
 
 async def read_bucket(js, bucket: str, typ: type) -> list:
     try:
-        entries = await bus.kv_entries(js, bucket)
+        kv = await js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
         return []
-    return [decode(e.value, typ) for e in entries if e.value]
+    return [decode(e.value, typ) for e in await bus.kv_entries(kv) if e.value]
 
 
 async def fleet(nats_url: str) -> dict[str, list]:

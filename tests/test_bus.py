@@ -169,10 +169,10 @@ async def test_a_bucket_listing_sees_every_key_while_one_is_rewritten(nc):
     writer = asyncio.create_task(rewrite())
     try:
         for _ in range(150):
-            assert [e.key for e in await bus.kv_entries(js, "sf_test_listing")] == ["a", "b", "c"]
+            assert [e.key for e in await bus.kv_entries(kv)] == ["a", "b", "c"]
             await asyncio.sleep(0.005)
     finally:
         stop.set()
         await writer
     await kv.purge("a")
-    assert [e.key for e in await bus.kv_entries(js, "sf_test_listing")] == ["b", "c"]
+    assert [e.key for e in await bus.kv_entries(kv)] == ["b", "c"]

@@ -35,4 +35,3 @@ def on_wire(kind: str, value: int) -> int:
 def combine(kind: str, values: list[int], lengths: list[int]) -> int:
     """A leaf's fingerprint from those of its consecutive chunks, of `lengths` bytes."""
     return devhash.combine(values) if kind == DEVHASH else crc.combine_all(values, lengths)
-

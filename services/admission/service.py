@@ -308,7 +308,7 @@ class AdmissionService(Service):
 
     async def _recover(self) -> None:
         """Rebuild the queue (in creation order, with the original deadlines) and reservations."""
-        entries = await bus.kv_entries(self.js, names.ADMISSION_BUCKET)
+        entries = await bus.kv_entries(self.records)
         records = sorted([await self._load(e.key) for e in entries], key=lambda r: (r.created_at, r.session_id))
         for r in records:
             if r.state != "timed_out":

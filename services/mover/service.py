@@ -220,7 +220,7 @@ class MoverService(Service):
 
     async def recover(self) -> None:
         """Close out moves a previous coordinator journalled but never finished."""
-        for entry in await bus.kv_entries(self.js, names.MOVES_INFLIGHT_BUCKET):
+        for entry in await bus.kv_entries(self.journal):
             started = decode(entry.value, MoveStarted)
             req = MoveRequest(session_id=started.session_id, source=started.source, dest=started.dest,
                               deadline_s=started.lease_s, move_id=started.move_id)
