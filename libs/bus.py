@@ -199,6 +199,36 @@ async def kv_entries(kv: KeyValue) -> list[KeyValue.Entry]:
     return out
 
 
+async def kv_read(kv: KeyValue, key: str) -> KeyValue.Entry | None:
+    """The key's latest entry; None when it has none (never written, deleted, purged). A bus failure is
+    `Unavailable`."""
+    try:
+        return await kv.get(key)
+    except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+        return None
+    except (nats.errors.Error, TimeoutError, ConnectionError) as e:
+        raise _unavailable(e, f"kv {key} not read") from None
+
+
+async def kv_swap(kv: KeyValue, key: str, value: bytes, revision: int) -> bool:
+    """Write `value` only if the key is still at `revision` (0: it has none yet): whether it was written
+    (False: another write came first; read again and decide again). A bus failure is `Unavailable`."""
+    try:
+        if revision:
+            await kv.update(key, value, last=revision)
+        else:
+            await kv.create(key, value)
+        return True
+    except nats.js.errors.KeyWrongLastSequenceError:
+        return False
+    except (nats.errors.Error, TimeoutError, ConnectionError) as e:
+        raise _unavailable(e, f"kv {key} not written") from None
+
+
+def _unavailable(e: BaseException, what: str) -> errors.Unavailable:
+    return errors.Unavailable(f"{what}: {type(e).__name__}", reason=type(e).__name__)
+
+
 async def ensure_object_store(js: JetStreamContext, bucket: str, *, replicas: int = 1) -> ObjectStore:
     try:
         return await js.create_object_store(bucket=bucket, replicas=replicas)
@@ -250,9 +280,9 @@ async def serve(
     """
     if concurrency > 1:
         slots = asyncio.Semaphore(concurrency)
-        running: set[asyncio.Task] = set()
+        running: set[asyncio.Task[None]] = set()
 
-        def done(task: asyncio.Task) -> None:
+        def done(task: asyncio.Task[None]) -> None:
             running.discard(task)
             slots.release()
 
@@ -288,7 +318,7 @@ async def respond_error(nc: NATS, reply_subject: str, e: errors.StatefleetError)
     await nc.publish(reply_subject, encode(error_reply(e)), headers={ERROR_HEADER: e.code})
 
 
-async def next_update(watcher: KeyValue.KeyWatcher, timeout_s: float):
+async def next_update(watcher: KeyValue.KeyWatcher, timeout_s: float) -> KeyValue.Entry | None:
     """The watcher's next entry (None: the "caught up" marker), or `nats.errors.TimeoutError` after
     `timeout_s`. Unlike `watcher.updates(timeout)`, a cancellation is never lost (see libs/tasks.py)."""
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -68,9 +68,34 @@ C = TypeVar("C", bound=BaseConfig)
 T = TypeVar("T")
 
 
+def _field_names(cls: type) -> list[str]:
+    if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
+        return list(cls.__struct_fields__)
+    return list(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+
+
 def section(cfg: BaseConfig, prefix: str, cls: type[T]) -> T:
-    """The settings named `<prefix><field>` as a `cls` (a dataclass): `http_idle_timeout_s` → `idle_timeout_s`."""
-    return cls(**{name: getattr(cfg, prefix + name) for name in cls.__dataclass_fields__})  # type: ignore[attr-defined]
+    """The settings named `<prefix><field>` as a `cls` (a dataclass or a msgspec Struct):
+    `http_idle_timeout_s` → `idle_timeout_s`."""
+    return cls(**{name: getattr(cfg, prefix + name) for name in _field_names(cls)})
+
+
+def with_section(source: type[msgspec.Struct], prefix: str = "") -> Callable[[type[C]], type[C]]:
+    """A class decorator: the config takes every field of `source` as `<prefix><field>`, with its type and
+    default, so settings also used without a config (a simulator's, a pure policy's) are declared once,
+    in `source`, and read back with `section(cfg, prefix, source)`."""
+    def extend(cls: type[C]) -> type[C]:
+        fields: list[tuple[str, Any, Any]] = []
+        for f in msgspec.structs.fields(source):
+            default = f.default if f.default is not msgspec.NODEFAULT else msgspec.field(
+                default_factory=f.default_factory)
+            fields.append((prefix + f.name, f.type, default))
+        out = msgspec.defstruct(cls.__name__, fields, bases=(cls,), kw_only=True, module=cls.__module__)
+        out.__doc__, out.__qualname__ = cls.__doc__, cls.__qualname__
+        return out  # type: ignore[return-value]
+    return extend
+
+
 _FIELD_RE = re.compile(r"(?:at `\$\.|unknown field `)([A-Za-z0-9_]+)")
 
 

@@ -23,39 +23,52 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any
 
-import msgspec
+import structlog
 
-from libs import bus, names
+from libs.contracts import Contract, Guard
 from libs.errors import Rejected, StatefleetError
-from libs.fence.ownership import read_owner
 from libs.path_ewma import PathEwma
-from libs.schemas.base import encode
-from libs.schemas.engine import HostStatus, SessionInfo, SessionRef, StatusRequest
-from libs.schemas.motion import MoveReceipt, MoveRequest
+from libs.schemas.common import EngineEntry
 from libs.schemas.placement import HostRequest
 from libs.tasks import spawn
 from libs.telemetry import counter, histogram
 from services.placement import fleetview
-from services.placement.lease import KvLease
-from services.placement.policy import Decision, Drain, Move, Release, Resume, ScaleOut, Suspend, decide
+from services.placement.control_config import FleetControlConfig
+from services.placement.parts import (
+    Draining,
+    EngineCalls,
+    FleetReader,
+    Leasing,
+    Owners,
+    Relocating,
+    Reserving,
+)
+from services.placement.policy import (
+    Decision,
+    Drain,
+    Fleet,
+    Move,
+    Params,
+    Release,
+    Resume,
+    ScaleOut,
+    Suspend,
+    decide,
+)
 from services.placement.provisioning import Provisioner
 from services.placement.provisioning.local import LocalProvisioner
 
-if TYPE_CHECKING:
-    from services.placement.service import PlacementService
-
 LEASE_KEY = "fleet"
-STATUS_TIMEOUT_S = 2.0
 REDRAIN_AFTER_S = 10.0  # a drain that left sessions behind (no room) is tried again this long after
 
 _actions = counter("sf_placement_fleet_actions_total", "Fleet-controller actions applied, by kind and outcome")
 _round_time = histogram("sf_placement_fleet_round", "One fleet-controller round (snapshot, decide, apply)", unit="s")
 
 
-def provisioner_for(svc: PlacementService) -> Provisioner | None:
-    cfg = svc.config
+def provisioner_for(cfg: FleetControlConfig) -> Provisioner | None:
     if cfg.provisioner == "local":
         slots = [h.strip() for h in cfg.provision_hosts.split(",") if h.strip()]
         return LocalProvisioner(cfg.provision_dir, slots)
@@ -63,10 +76,16 @@ def provisioner_for(svc: PlacementService) -> Provisioner | None:
 
 
 class FleetController:
-    def __init__(self, svc: PlacementService, lease_kv, provisioner: Provisioner | None = None) -> None:
-        self.svc = svc
-        cfg = svc.config
-        self.lease = KvLease(lease_kv, LEASE_KEY, svc.instance, ttl_s=cfg.lease_ttl_s, margin_s=cfg.lease_ttl_s / 3)
+    """`config` is read afresh every round (an operator's change applies at the next one); `settle_s` is
+    how long a reservation counts against its host before a heartbeat shows it (`reservation_settle_s`)."""
+
+    def __init__(self, *, config: FleetControlConfig, guard: Guard, settle_s: float, lease: Leasing,
+                 view: FleetReader, owners: Owners, reservations: Reserving, relocation: Relocating,
+                 engines: EngineCalls, drainer: Draining, provisioner: Provisioner | None,
+                 log: structlog.typing.FilteringBoundLogger) -> None:
+        self.config, self.guard, self.settle_s, self.lease = config, guard, settle_s, lease
+        self.view, self.owners, self.reservations = view, owners, reservations
+        self.relocation, self.engines, self.drainer = relocation, engines, drainer
         self.provisioner = provisioner
         self.activity = fleetview.Activity()
         self.arrivals = fleetview.Arrivals()
@@ -78,11 +97,11 @@ class FleetController:
         self.last_scale_out_at = float("-inf")
         self.last_scale_in_at = float("-inf")
         self.rounds = 0  # rounds decided while holding the lease
-        self._tasks: set[asyncio.Task] = set()
-        self.log = svc.log.bind(part="fleet")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.log = log.bind(part="fleet")
 
     async def run(self) -> None:
-        cfg = self.svc.config
+        cfg = self.config
         try:
             while True:
                 await asyncio.sleep(cfg.control_s)
@@ -103,67 +122,56 @@ class FleetController:
     # ------------------------------------------------------------ one round
 
     async def round(self) -> Decision:
-        svc, cfg = self.svc, self.svc.config
-        entries = svc.live_hosts()
-        statuses = await self._statuses([e.host_id for e in entries])
-        owners = {sid: s.owner_server_id for sid, s in svc.sessions.values.items()
+        view, cfg = self.view, self.config
+        entries = view.live_hosts()
+        statuses = await self.engines.statuses([e.host_id for e in entries])
+        summaries = view.summaries()
+        owners = {sid: s.owner_server_id for sid, s in summaries.items()
                   if s.state != "closed" and s.owner_server_id and s.claimed}
         specs = await self._specs([i.session_id for infos in statuses.values() for i in infos
                                    if owners.get(i.session_id)])
         now = time.monotonic()
         fleet = fleetview.snapshot(fleetview.Inputs(
-            now=now, wall_now=time.time(), entries=entries, records=svc.hosts.values, sessions=statuses,
+            now=now, wall_now=time.time(), entries=entries, records=view.records(), sessions=statuses,
             owners=owners, specs=specs, busy=dict(self.busy), path_bps=cfg.path_bps, path_pairs=self.paths.pairs(),
-            settle_s=cfg.reservation_settle_s, provisioning=self._provisioning(entries, now),
-            arrivals_per_s=self.arrivals.rate(svc.sessions.values, now, cfg.arrival_window_s),
-            admissions=list(svc.admissions.values.values()),
+            settle_s=self.settle_s, provisioning=self._provisioning(entries, now),
+            arrivals_per_s=self.arrivals.rate(summaries, now, cfg.arrival_window_s),
+            admissions=view.queued(),
             last_scale_out_at=self.last_scale_out_at, last_scale_in_at=self.last_scale_in_at), self.activity)
         self.activity.forget_except({s.session_id for s in fleet.sessions} | set(self.busy))
-        decision = decide(fleet, cfg.params(svc.guard), rebalancing=cfg.rebalance,
-                          scaling=self.provisioner is not None, offload=cfg.keep_warm_s > 0)
+        params = cfg.params(self.guard)
+        decision = decide(fleet, params, rebalancing=cfg.rebalance, scaling=self.provisioner is not None,
+                          offload=params.keep_warm_s > 0)
         self.rounds += 1
         self._redrain(fleet)
         for r in decision.refusals:
             self.log.debug("fleet_refusal", kind=r.kind, session_id=r.session_id, host_id=r.host_id, reason=r.reason)
-        self._log_scaling(decision, fleet)
+        self._log_scaling(decision, fleet, params)
         await self._apply(decision, now, _residents(fleet))
         return decision
 
-    def _log_scaling(self, decision: Decision, fleet) -> None:
+    def _log_scaling(self, decision: Decision, fleet: Fleet, p: Params) -> None:
         """The autoscaler's view every round: at info when it acts (a failure to scale is then diagnosable
         from the log alone), at debug otherwise."""
         m = decision.scaling
         if m is None:
             return
         acted = [type(a).__name__ for a in decision.actions if isinstance(a, ScaleOut | Drain)]
-        p = self.svc.config
         (self.log.info if acted else self.log.debug)(
             "fleet_autoscale", acted=acted, util=round(m.util, 3), load=round(m.load, 3), hosts=m.hosts,
             want=m.want, pool=m.pool, queued=m.queued, band=(p.scale_in_below, p.target_util, p.scale_out_above),
             host_busy={h.host_id: round(h.entry.busy_fraction, 3) for h in fleet.hosts})
 
-    async def _statuses(self, host_ids: list[str]) -> dict[str, list[SessionInfo]]:
-        async def one(h: str) -> tuple[str, list[SessionInfo] | None]:
-            try:
-                st = await bus.request(self.svc.nc, names.engine_subject(h, "status"), StatusRequest(), HostStatus,
-                                       timeout_s=STATUS_TIMEOUT_S)
-                return h, st.sessions
-            except StatefleetError:
-                return h, None  # a host that does not answer is left out of this round
-
-        got = await asyncio.gather(*(one(h) for h in host_ids))
-        return {h: infos for h, infos in got if infos is not None}
-
-    async def _specs(self, sids: list[str]) -> dict:
-        out = {}
+    async def _specs(self, sids: list[str]) -> dict[str, tuple[Contract, str]]:
+        out: dict[str, tuple[Contract, str]] = {}
         for sid in sids:
             try:
-                out[sid] = await self.svc.spec(sid)
+                out[sid] = await self.owners.spec(sid)
             except StatefleetError:
                 continue  # unknown to fence (closing): not in this round's snapshot
         return out
 
-    def _provisioning(self, entries, now: float) -> int:
+    def _provisioning(self, entries: list[EngineEntry], now: float) -> int:
         """Hosts asked for and not heard from yet (within `provision_timeout_s`)."""
         if self.provisioner is None:
             return 0
@@ -172,7 +180,7 @@ class FleetController:
             self.asked.setdefault(h, now)  # asked by an earlier lease holder: counted from now
         for h in [h for h in self.asked if h in live or h not in self.provisioner.managed()]:
             del self.asked[h]
-        return sum(1 for at in self.asked.values() if now - at < self.svc.config.provision_timeout_s)
+        return sum(1 for at in self.asked.values() if now - at < self.config.provision_timeout_s)
 
     # ------------------------------------------------------------ applying
 
@@ -189,7 +197,7 @@ class FleetController:
             elif isinstance(a, Suspend) and a.host_id not in self.draining:  # a suspended session cannot move live
                 self._start(a.session_id, a.host_id, a.host_id, self._suspend(a), "suspend")
             elif isinstance(a, Resume) and a.host_id not in leaving:
-                src = self._host_of(a.session_id)
+                src = self.view.host_of(a.session_id)
                 if src:
                     self._start(a.session_id, src, a.host_id, self._resume(a, src), "resume")
             elif isinstance(a, ScaleOut):
@@ -212,7 +220,7 @@ class FleetController:
             return False
         return True
 
-    def _redrain(self, fleet) -> None:
+    def _redrain(self, fleet: Fleet) -> None:
         """A host of ours that is draining or drained yet owns a session (one that reached it while its drain
         ran) is drained again, or it could never be given back."""
         if self.provisioner is None:
@@ -223,7 +231,7 @@ class FleetController:
                     and time.monotonic() - self.drain_ended.get(host, float("-inf")) > REDRAIN_AFTER_S:
                 self._start_drain(host)
 
-    def _start(self, sid: str, src: str, dst: str, coro, kind: str) -> None:
+    def _start(self, sid: str, src: str, dst: str, coro: Coroutine[Any, Any, Any], kind: str) -> None:
         if sid in self.busy:
             coro.close()
             return
@@ -240,69 +248,50 @@ class FleetController:
 
         self._spawn(run(), f"{kind}:{sid}")
 
-    def _spawn(self, coro, name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = spawn(coro, name=f"placement:fleet:{name}", event="fleet_task_crashed")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _host_of(self, sid: str) -> str:
-        s = self.svc.sessions.values.get(sid)
-        return s.owner_server_id if s is not None else ""
-
     async def _move(self, a: Move) -> bool:
         """Reserve on the receiver, live-move through the mover, settle the reservations by what fence shows."""
-        svc = self.svc
-        entry = svc.liveness.entry(a.dst)
+        entry = self.view.entry(a.dst)
         if entry is None:
             return False
         try:
-            await svc.reserve(a.session_id, a.dst, a.busy_fraction, a.state_bytes, entry.incarnation)
+            await self.reservations.reserve(a.session_id, a.dst, entry.incarnation)
         except Rejected as e:  # filled up since the snapshot: the next round decides again
             _actions.add(1, {"kind": "move", "outcome": "no_room"})
             self.log.info("fleet_move_no_room", session_id=a.session_id, dst=a.dst, detail=e.detail)
             return False
-        deadline = svc.config.drain_move_deadline_s
-        why = ""
-        try:
-            receipt = await bus.request(svc.nc, names.MOVER_MOVE, MoveRequest(
-                session_id=a.session_id, source=a.src, dest=a.dst, deadline_s=deadline),
-                MoveReceipt, timeout_s=deadline + 10)
-            why = f"{receipt.outcome}: {receipt.reason}"
-        except StatefleetError as e:
-            why = f"{e.code}: {e.detail}"
-        owner = (await read_owner(svc.js, a.session_id)).view.owner
-        if owner is not None and owner.server_id == a.dst:
-            await svc.release(a.src, [a.session_id])
-            self.activity.moved(a.session_id, time.monotonic(), svc.config.move_window_s)
+        why = await self.relocation.move(a.session_id, a.src, a.dst)
+        moved = await self.relocation.settle(a.session_id, a.src, a.dst)
+        # A refused move still counts against the session's window: a session no move can take is not retried
+        # every round.
+        self.activity.moved(a.session_id, time.monotonic(), self.config.knobs().move_window_s)
+        if moved:
             _actions.add(1, {"kind": "move", "outcome": "committed"})
             self.log.info("fleet_moved", session_id=a.session_id, src=a.src, dst=a.dst, gain_ms=round(a.gain_ms, 2),
                           t_migrate_s=round(a.t_migrate_s, 4))
             return True
-        await svc.release(a.dst, [a.session_id])
-        # A refused move still counts against the session's window: a session no move can take is not retried
-        # every round.
-        self.activity.moved(a.session_id, time.monotonic(), svc.config.move_window_s)
         _actions.add(1, {"kind": "move", "outcome": "not_committed"})
         self.log.info("fleet_move_not_committed", session_id=a.session_id, src=a.src, dst=a.dst, why=why)
         return False
 
     async def _suspend(self, a: Suspend) -> None:
-        await bus.request(self.svc.nc, names.engine_subject(a.host_id, "suspend"),
-                          SessionRef(session_id=a.session_id), SessionInfo)
+        await self.engines.suspend(a.host_id, a.session_id)
         self.activity.suspended(a.session_id, time.monotonic())
         _actions.add(1, {"kind": "suspend", "outcome": "ok"})
         self.log.info("fleet_suspended", session_id=a.session_id, host_id=a.host_id)
 
     async def _resume(self, a: Resume, src: str) -> None:
         """Back on its own host; on another one (its own is full) by resuming in place and moving at once."""
-        svc = self.svc
         if a.host_id == src:
-            entry = svc.liveness.entry(src)
+            entry = self.view.entry(src)
             if entry is None:
                 return
-            await svc.reserve(a.session_id, src, a.busy_fraction, a.state_bytes, entry.incarnation)
-        await bus.request(svc.nc, names.engine_subject(src, "resume"), SessionRef(session_id=a.session_id),
-                          SessionInfo)
+            await self.reservations.reserve(a.session_id, src, entry.incarnation)
+        await self.engines.resume(src, a.session_id)
         _actions.add(1, {"kind": "resume", "outcome": "ok"})
         self.log.info("fleet_resumed", session_id=a.session_id, host_id=src, to=a.host_id)
         if a.host_id != src:
@@ -310,6 +299,8 @@ class FleetController:
                                   state_bytes=a.state_bytes, gain_ms=0.0, t_migrate_s=0.0, stall_ms=0.0))
 
     async def _scale_out(self, a: ScaleOut, now: float) -> None:
+        if self.provisioner is None:  # decide never scales without one
+            return
         started = self.provisioner.start(a.count)
         # Scale-in waits its cooldown after a scale-out too: a host just asked for is not given back before
         # it could take load (measured load is noisy, and the band alone would let the fleet flap).
@@ -317,12 +308,12 @@ class FleetController:
         for h in started:
             self.asked[h] = now
             # A host id given out again must take sessions: whatever a former drain left on its record goes.
-            await self.svc.records.change(h, lambda r: msgspec.structs.replace(r, state="up", sessions={}))
+            await self.reservations.given_out(h)
         _actions.add(1, {"kind": "scale_out", "outcome": "ok" if started else "exhausted"})
         self.log.info("fleet_scale_out", asked=a.count, started=started)
 
     async def _drain(self, host: str, now: float) -> None:
-        if host not in self.provisioner.managed() or host in self.draining:
+        if self.provisioner is None or host not in self.provisioner.managed() or host in self.draining:
             return  # a host we did not start is never given back, so never drained to be
         self.last_scale_in_at = now
         _actions.add(1, {"kind": "drain", "outcome": "ok"})
@@ -334,7 +325,7 @@ class FleetController:
 
         async def run() -> None:
             try:
-                report = await self.svc.drainer.drain(HostRequest(host_id=host))
+                report = await self.drainer.drain(HostRequest(host_id=host))
                 self.log.info("fleet_scale_in_drained", host_id=host, remaining=report.remaining,
                               outcomes=[(o.session_id, o.outcome) for o in report.outcomes])
             finally:
@@ -360,29 +351,28 @@ class FleetController:
 
         The record goes to `drained` by CAS on exactly the revision checked: from then on no placement,
         failover or drain reserves room there (they take only `up` hosts), so no session can land after."""
-        svc = self.svc
         if any(host in pair for pair in self.busy.values()):
             return "a move, suspend or resume involving it is in flight"
-        record, revision = await svc.records.read(host)
+        record, revision = await self.reservations.read(host)
         if record.state == "up":
             return "it is not draining"
         if record.sessions:
             return f"it holds {len(record.sessions)} reservations"
-        entry = svc.liveness.entry(host)
+        entry = self.view.entry(host)
         if entry is not None and entry.sessions:
             return f"its heartbeat shows {entry.sessions} sessions"
-        for s in svc.owned(host):
-            owner = (await read_owner(svc.js, s.session_id)).view
+        for s in self.view.owned(host):
+            owner = await self.owners.view(s.session_id)
             if not owner.closed and owner.owner is not None and owner.owner.server_id == host:
                 return f"it owns session {s.session_id}"
         try:
-            await svc.records.kv.update(host, encode(msgspec.structs.replace(record, state="drained")), last=revision)
-        except Exception as e:  # noqa: BLE001 - any failure to fence it means: not now
-            return f"its record changed meanwhile ({type(e).__name__})"
-        return ""
+            fenced = await self.reservations.fence_drained(record, revision)
+        except StatefleetError as e:  # any failure to fence it means: not now
+            return f"its record could not be written ({e.code})"
+        return "" if fenced else "its record changed meanwhile"
 
 
-def _residents(fleet) -> dict[str, int]:
+def _residents(fleet: Fleet) -> dict[str, int]:
     """Sessions on each host's device (serving, or moving away)."""
     out: dict[str, int] = {}
     for s in fleet.sessions:

@@ -14,12 +14,13 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
+from libs.bus import MAX_CAS_ATTEMPTS
 from libs.contracts import device_key
 from libs.errors import Conflict
 from libs.schemas.common import EngineEntry
 from libs.schemas.placement import HostRecord, Reserved
 from services.placement import capacity
-from services.placement.records import MAX_CAS_ATTEMPTS, Records
+from services.placement.records import Records
 
 # (the host as capacity must see it, pooled with its device peers; its record as read now) → the record
 # with the session reserved, or raise to write nothing
@@ -46,14 +47,20 @@ async def reserve(records: Records, host: EngineEntry, live: Sequence[EngineEntr
                 return new
             continue
         before = fresh[host.host_id].sessions.get(session_id)
-        new = await records.change(host.host_id, lambda r, view=view: take(view, r))
+        new = await records.change(host.host_id, _taking(take, view))
         if await records.swap(lead, lead_record, lead_revision):
             return new
-        await records.change(host.host_id, lambda r, before=before: _restore(r, session_id, before))
+        await records.change(host.host_id, _restoring(session_id, before))
     raise Conflict(f"device of {host.host_id} kept changing", host_id=host.host_id)
 
 
-def _restore(record: HostRecord, session_id: str, before: Reserved | None) -> HostRecord:
-    if before is not None:
-        return msgspec.structs.replace(record, sessions={**record.sessions, session_id: before})
-    return capacity.release(record, [session_id])
+def _taking(take: Take, view: EngineEntry) -> Callable[[HostRecord], HostRecord]:
+    return lambda record: take(view, record)
+
+
+def _restoring(session_id: str, before: Reserved | None) -> Callable[[HostRecord], HostRecord]:
+    def restore(record: HostRecord) -> HostRecord:
+        if before is not None:
+            return msgspec.structs.replace(record, sessions={**record.sessions, session_id: before})
+        return capacity.release(record, [session_id])
+    return restore

@@ -70,7 +70,7 @@ def plan(stranded: Sequence[Stranded], hosts: Sequence[EngineEntry], records: Ma
         held = capacity.reserved_on(records, s.session_id)
         host = by_id.get(held) if held else None
         record = records.get(held) if held else None
-        if host is not None and record is not None and record.state == "up" and held != dead_host \
+        if held and host is not None and record is not None and record.state == "up" and held != dead_host \
                 and record.sessions[s.session_id].incarnation == host.incarnation:
             est = capacity.fit(s.contract, s.backend, host, capacity.release(record, [s.session_id]), guard,
                                settle_s)

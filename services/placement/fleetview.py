@@ -19,7 +19,7 @@ from libs.schemas.common import EngineEntry
 from libs.schemas.engine import SessionInfo
 from libs.schemas.placement import HostRecord
 from services.placement import capacity
-from services.placement.policy import Fleet, Host, PathRates, Session
+from services.placement.policy import Fleet, Host, PathRates, Session, SessionState
 
 
 @dataclass(slots=True)
@@ -137,7 +137,8 @@ def _host(e: EngineEntry, x: Inputs, moves_in: int) -> Host:
 
 def _session(info: SessionInfo, seen: Seen, spec: tuple[Contract, str], entry: EngineEntry, x: Inputs) -> Session:
     contract, backend = spec
-    state = "moving" if info.session_id in x.busy else ("suspended" if info.state == "suspended" else "serving")
+    state: SessionState = "moving" if info.session_id in x.busy else (
+        "suspended" if info.state == "suspended" else "serving")
     return Session(session_id=info.session_id, backend=backend, contract=contract, state=state,
                    host_id=entry.host_id, state_bytes=info.state_bytes,
                    dirty_rate_bps=dirty_rate_bps(contract, backend, entry), last_input_at=seen.last_input_at,

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import time
 
-import nats.errors
-import nats.js.errors
 from nats.js.kv import KeyValue
 
+from libs import bus
+from libs.errors import Unavailable
 from libs.schemas.base import decode, encode
 from libs.schemas.placement import Lease
-
-_LOST = (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.BadRequestError)
-_UNREACHABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError)
 
 
 class KvLease:
@@ -41,15 +38,12 @@ class KvLease:
                 self._valid_until = 0.0
                 return False
             value = encode(Lease(holder=self.holder, expires_at=time.time() + self.ttl_s))
-            if revision:
-                await self.kv.update(self.key, value, last=revision)
-            else:
-                await self.kv.create(self.key, value)
-        except _LOST:  # another instance wrote first
+            written = await bus.kv_swap(self.kv, self.key, value, revision)
+        except Unavailable:
+            return self.held  # what we held stays held until it runs out; then we stop acting
+        if not written:  # another instance wrote first
             self._valid_until = 0.0
             return False
-        except _UNREACHABLE:
-            return self.held  # what we held stays held until it runs out; then we stop acting
         self._valid_until = sent + self.ttl_s - self.margin_s
         return True
 
@@ -61,13 +55,12 @@ class KvLease:
         try:
             current, revision = await self._read()
             if current is not None and current.holder == self.holder:
-                await self.kv.update(self.key, encode(Lease(holder="", expires_at=0.0)), last=revision)
-        except (*_LOST, *_UNREACHABLE):
-            pass
+                await bus.kv_swap(self.kv, self.key, encode(Lease(holder="", expires_at=0.0)), revision)
+        except Unavailable:
+            pass  # it runs out by itself
 
     async def _read(self) -> tuple[Lease | None, int]:
-        try:
-            entry = await self.kv.get(self.key)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+        entry = await bus.kv_read(self.kv, self.key)
+        if entry is None:
             return None, 0
-        return decode(entry.value, Lease), entry.revision
+        return decode(entry.value or b"", Lease), entry.revision or 0

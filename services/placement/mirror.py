@@ -70,7 +70,7 @@ class KvMirror(Generic[M]):
                 with contextlib.suppress(nats.errors.Error, TimeoutError):
                     await watcher.stop()
 
-    async def _follow(self, watcher) -> None:
+    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
         quiet = 0.0
         while True:
             try:

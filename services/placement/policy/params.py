@@ -1,4 +1,10 @@
-"""The knobs of every fleet policy, with units in their names."""
+"""The knobs of every fleet policy, with units in their names, each declared once with its one default.
+
+`Knobs` is what an operator sets: the placement service takes every field of it as a config field
+of the same name (`control_config.py`, `SF_<FIELD>`), and the simulator (`bench/fleet*.py`) and the
+tests start from the same defaults. `Params` adds what the caller wires rather than tunes: the
+guard band and who carries out a drain.
+"""
 
 from __future__ import annotations
 
@@ -13,30 +19,30 @@ NonNeg = Annotated[float, msgspec.Meta(ge=0)]
 Pos = Annotated[float, msgspec.Meta(gt=0)]
 
 
-class Params(msgspec.Struct, frozen=True, kw_only=True):
-    guard: Guard = Guard()
+class Knobs(msgspec.Struct, frozen=True, kw_only=True):
     # Per-chunk latency model: "profile" (EDF response from the rows) or "colocation" (TurboServe-style).
     latency_model: Literal["profile", "colocation"] = "profile"
     colocation_alpha: NonNeg = 0.12  # colocation: each co-located session adds this fraction of a block
     # Placement and resumes aim to keep every session's predicted chunk latency within this share of its
     # SLO (window plus off-device stages); past it a host is used only when no fitting host is within it.
     latency_target_frac: Annotated[float, msgspec.Meta(gt=0)] = 0.55
-    # Rebalancing: move only if Γ = L − L′ − η·κ > gain_threshold_ms.
+    # Rebalancing: move only if Γ = L − L′ − η·κ > gain_threshold_ms (ms of predicted chunk latency).
     eta: NonNeg = 1.0
     gain_threshold_ms: NonNeg = 5.0
     move_cooldown_s: NonNeg = 60.0  # per session, after any move
     move_window_s: Pos = 600.0
     max_moves_per_window: Annotated[int, msgspec.Meta(ge=1)] = 2  # per session
-    max_moves_per_round: Annotated[int, msgspec.Meta(ge=0)] = 8
+    max_moves_per_round: Annotated[int, msgspec.Meta(ge=0)] = 4
     targets_per_session: Annotated[int, msgspec.Meta(ge=1)] = 4  # fitting receivers tried, least loaded first
     move_horizon_s: Pos = 2.0  # a live move must finish within this (admissibility horizon H)
-    move_setup_s: NonNeg = 0.005  # X: connection, handshake, commit
+    move_setup_s: NonNeg = 0.005  # X: connection, handshake, commit: part of a live move's freeze
     # Autoscaling: keep device utilisation near target_util; act outside [scale_in_below, scale_out_above].
     target_util: Frac = 0.5
     scale_out_above: Frac = 0.6
     scale_in_below: Frac = 0.35
     scale_out_cooldown_s: NonNeg = 10.0
     scale_in_cooldown_s: NonNeg = 180.0  # after the last scale-in or scale-out: three boots (provision_lead_s)
+    # The fleet's bounds; the provisioner's own slots bound it too (`statefleet up --autoscale MIN:MAX` sets both).
     min_hosts: Annotated[int, msgspec.Meta(ge=1)] = 1
     max_hosts: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     # Empty, pre-warmed hosts kept for bursts and resumes: at least warm_pool_hosts, or this share of the fleet.
@@ -44,6 +50,12 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
     warm_pool_frac: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
     # ... and at least what the sessions arriving within one scale-out's lead time (boot and pre-warm) need.
     provision_lead_s: NonNeg = 60.0
-    drain_by_moves: bool = True  # False: a draining host only waits for its sessions to end
-    # Idle offload: suspend a session after this long without input (0 disables offload).
-    keep_warm_s: NonNeg = 30.0
+    # Idle offload: suspend a session after this long without input (0 disables offload); new input resumes it.
+    keep_warm_s: NonNeg = 120.0
+
+
+class Params(Knobs, frozen=True, kw_only=True):
+    guard: Guard = Guard()
+    # Who carries out a scale-in drain: the policy's own moves (the simulator), or, False, someone else (the
+    # placement service's drainer); the policy then only waits for the host's sessions to end.
+    drain_by_moves: bool = True

@@ -1,0 +1,49 @@
+"""What placement asks fence: a session's owner as the log shows it, its contract and backend, assigns.
+
+Fence's log is the truth placement decides on (the `sf_sessions` mirror only says which sessions to
+read); an assign is fence's compare-and-set on the version the caller saw. A session's contract
+and backend never change, so they are asked once and kept.
+"""
+
+from __future__ import annotations
+
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from libs import bus, names
+from libs.contracts import Contract
+from libs.fence.ownership import assign, read_owner, update_summary
+from libs.schemas.base import decode
+from libs.schemas.fence import MetaRequest, SessionMeta, SessionView
+
+
+class FenceClient:
+    def __init__(self, *, nc: NATS, js: JetStreamContext) -> None:
+        self.nc, self.js = nc, js
+        self._specs: dict[str, tuple[Contract, str]] = {}  # session → (contract, backend): never changes
+
+    async def view(self, session_id: str) -> SessionView:
+        """The log's latest view of the session (a hint: the next compare-and-set decides)."""
+        return (await read_owner(self.js, session_id)).view
+
+    async def owner_is(self, session_id: str, host_id: str) -> bool:
+        owner = (await self.view(session_id)).owner
+        return owner is not None and owner.server_id == host_id
+
+    async def assign(self, session_id: str, host_id: str, *, expect_version: int, incarnation: str) -> None:
+        """Fence assigns `host_id` at the next version; `Conflict` if the session moved on from `expect_version`."""
+        await assign(self.nc, self.js, session_id, host_id, expect_version=expect_version, incarnation=incarnation)
+
+    async def summarize(self, session_id: str, view: SessionView, **fields: str) -> None:
+        await update_summary(self.js, session_id, view, **fields)
+
+    def remember(self, session_id: str, contract: Contract, backend: str) -> None:
+        self._specs[session_id] = (contract, backend)
+
+    async def spec(self, session_id: str) -> tuple[Contract, str]:
+        """The session's contract and backend, from fence's meta the first time."""
+        if session_id not in self._specs:
+            meta = await bus.request(self.nc, names.FENCE_META, MetaRequest(session_id=session_id), SessionMeta)
+            # decoded like every message, so a malformed contract is a `SchemaError`, not a bare DecodeError
+            self._specs[session_id] = (decode(meta.contract, Contract), meta.backend)
+        return self._specs[session_id]

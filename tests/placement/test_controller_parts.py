@@ -1,0 +1,99 @@
+"""The fleet controller built from config and fakes of its parts (tests/placement/parts.py): what it
+applies, and what it leaves behind in reservations and fence's log, without a bus."""
+
+from __future__ import annotations
+
+import asyncio
+
+from libs.schemas.engine import SessionInfo
+from services.placement.policy import Move, Suspend
+from tests.admission.fleet import host
+from tests.placement.parts import Parts
+
+
+def move(sid: str, src: str, dst: str) -> Move:
+    return Move(session_id=sid, src=src, dst=dst, busy_fraction=0.1, state_bytes=1, gain_ms=10.0, t_migrate_s=0.1,
+                stall_ms=1.0)
+
+
+async def test_a_committed_move_keeps_only_the_receivers_reservation():
+    parts = Parts([host("h0", busy=0.5), host("h1")])
+    parts.owners.own("a", "h0")
+    parts.reserved("h0", "a")
+    parts.relocation.commits.add("a")
+    fleet = parts.controller()
+    assert await fleet._move(move("a", "h0", "h1"))
+    assert parts.reservations.holding("a") == {"h1"}
+    assert await parts.owners.owner_is("a", "h1")
+
+
+async def test_a_move_that_does_not_commit_keeps_only_the_sources_reservation():
+    parts = Parts([host("h0", busy=0.5), host("h1")])
+    parts.owners.own("a", "h0")
+    parts.reserved("h0", "a")
+    fleet = parts.controller()
+    assert not await fleet._move(move("a", "h0", "h1"))
+    assert parts.reservations.holding("a") == {"h0"}
+    assert await parts.owners.owner_is("a", "h0")
+    assert parts.relocation.asked == [("a", "h0", "h1")]
+
+
+async def test_a_move_to_a_full_receiver_is_not_asked_of_the_mover():
+    parts = Parts([host("h0"), host("h1", busy=0.95)])
+    parts.owners.own("a", "h0")
+    parts.reserved("h0", "a")
+    assert not await parts.controller()._move(move("a", "h0", "h1"))
+    assert parts.relocation.asked == []
+    assert parts.reservations.holding("a") == {"h0"}
+
+
+async def test_a_host_is_released_only_when_fresh_reads_show_it_empty_and_it_is_fenced_drained():
+    parts = Parts([host("h0"), host("h1")])
+    fleet = parts.controller()
+    assert await fleet.releasable("h1") == "it is not draining"
+    await parts.reservations.set_state("h1", "draining")
+    parts.reserved("h1", "b")
+    assert "reservations" in await fleet.releasable("h1")
+    await parts.reservations.release("h1", ["b"])
+    parts.owners.own("c", "h1")
+    assert await fleet.releasable("h1") == "it owns session c"
+    parts.owners.own("c", "h0", 2)
+    assert await fleet.releasable("h1") == ""
+    assert parts.reservations.record("h1").state == "drained"  # from now on nothing can be placed there
+
+
+async def test_a_record_that_changed_after_the_checks_is_not_fenced():
+    parts = Parts([host("h0"), host("h1")])
+    await parts.reservations.set_state("h1", "draining")
+    fleet = parts.controller()
+    read = parts.reservations.read
+
+    async def read_then_change(host_id: str):
+        got = await read(host_id)
+        await parts.reservations.set_state(host_id, "draining")  # another writer, after our read
+        return got
+
+    parts.reservations.read = read_then_change  # type: ignore[method-assign]
+    assert await fleet.releasable("h1") == "its record changed meanwhile"
+    assert parts.reservations.record("h1").state == "draining"
+
+
+def running(sid: str, cursor: int) -> SessionInfo:
+    return SessionInfo(session_id=sid, backend="world", state="running", session_class="C1", tier=4, blocks_done=1,
+                       input_cursor=cursor, consumed_seq=cursor, state_bytes=1 << 20)
+
+
+async def test_a_round_suspends_a_session_idle_past_keep_warm_and_only_that_one():
+    parts = Parts([host("h0", sessions=2), host("h1")], keep_warm_s=0.001, rebalance=False)
+    for sid in ("a", "b"):
+        parts.owners.own(sid, "h0")
+    fleet = parts.controller()
+    parts.engines.sessions = {"h0": [running("a", 1), running("b", 1)]}
+    await fleet.round()  # first sight counts as input
+    await asyncio.sleep(0.01)
+    parts.engines.sessions = {"h0": [running("a", 1), running("b", 2)]}  # b took input
+    decision = await fleet.round()
+    assert Suspend(session_id="a", host_id="h0") in decision.actions
+    await asyncio.gather(*list(fleet._tasks))
+    assert parts.engines.suspended == [("h0", "a")]
+    assert not fleet.busy

@@ -1,0 +1,65 @@
+"""The drainer built from config and fakes of its parts (tests/placement/parts.py): every session leaves
+the host by a live move, or by a hand-over when the move is refused, and the reservations follow
+fence's log."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs.errors import NotFound
+from libs.schemas.placement import HostRequest
+from tests.admission.fleet import host
+from tests.placement.parts import Parts
+
+
+async def test_live_moves_empty_the_host_and_it_ends_drained():
+    parts = Parts([host("h0", busy=0.2), host("h1"), host("h2")])
+    for sid in ("a", "b"):
+        parts.owners.own(sid, "h0")
+        parts.reserved("h0", sid)
+        parts.relocation.commits.add(sid)
+    report = await parts.drainer().drain(HostRequest(host_id="h0"))
+    assert [(o.session_id, o.outcome) for o in report.outcomes] == [("a", "moved"), ("b", "moved")]
+    assert (report.state, report.remaining) == ("drained", 0)
+    for sid in ("a", "b"):
+        dest = next(o.dest for o in report.outcomes if o.session_id == sid)
+        assert await parts.owners.owner_is(sid, dest) and dest != "h0"
+        assert parts.reservations.holding(sid) == {dest}
+    assert parts.owners.assigns == []  # no hand-over was needed
+
+
+async def test_a_refused_live_move_is_handed_over_at_the_version_the_drain_saw():
+    parts = Parts([host("h0"), host("h1")])
+    parts.owners.own("a", "h0", version=3)
+    parts.reserved("h0", "a")
+    report = await parts.drainer().drain(HostRequest(host_id="h0"))
+    assert [(o.session_id, o.outcome, o.dest) for o in report.outcomes] == [("a", "handed_over", "h1")]
+    assert parts.owners.assigns == [("a", "h1", 3)]
+    assert parts.reservations.holding("a") == {"h1"}
+    assert report.state == "drained"
+
+
+async def test_a_refused_hand_over_keeps_the_session_and_the_host_draining():
+    parts = Parts([host("h0"), host("h1")])
+    parts.owners.own("a", "h0", version=3)
+    parts.reserved("h0", "a")
+    assign = parts.owners.assign
+
+    async def moved_on(session_id, host_id, *, expect_version, incarnation):
+        # The session moves on (a new claim on h0) every time after the drain read it.
+        parts.owners.own(session_id, "h0", parts.owners.views[session_id].owner.version + 1)
+        await assign(session_id, host_id, expect_version=expect_version, incarnation=incarnation)
+
+    parts.owners.assign = moved_on  # type: ignore[method-assign]
+    report = await parts.drainer().drain(HostRequest(host_id="h0"))
+    assert [(o.session_id, o.outcome) for o in report.outcomes] == [("a", "failed")]
+    assert await parts.owners.owner_is("a", "h0")
+    assert parts.reservations.holding("a") == {"h0"}  # the receiver's reservation went
+    assert (report.state, report.remaining) == ("draining", 1)
+
+
+async def test_an_unknown_host_is_refused_and_nothing_is_written():
+    parts = Parts([host("h0")])
+    with pytest.raises(NotFound):
+        await parts.drainer().drain(HostRequest(host_id="nope"))
+    assert parts.view.host_records == {}
