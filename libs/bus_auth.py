@@ -107,7 +107,7 @@ def permissions(user: str) -> Permissions:
             # to its latest checkpoint; the stream is fence's.
             *_js_read(names.BLOCK_STREAM), f"$JS.API.STREAM.PURGE.{names.BLOCK_STREAM}",
             names.BLOCK_JOURNAL_SUBJECTS,
-            f"$KV.{names.FENCE_META_BUCKET}.*.applied", f"$KV.{names.SESSIONS_BUCKET}.*",
+            f"$KV.{names.FENCE_META_BUCKET}.*.applied",
             names.output_subject("*"),
             names.FENCE_META, names.FENCE_CLAIM, names.FENCE_CHECKPOINT, names.FENCE_KICK,
             names.engine_subject("*", ">"),  # the motion verbs it calls on the other side of a move
@@ -153,7 +153,7 @@ def permissions(user: str) -> Permissions:
             [*_js_admin(names.MOVES_STREAM), *_js_admin(_kv(names.MOVES_INFLIGHT_BUCKET)),
              f"$KV.{names.MOVES_INFLIGHT_BUCKET}.>", names.MOVE_RECEIPT_SUBJECTS,
              *_js_read(names.SESSION_STREAM), *_js_create(_kv(names.ENGINES_BUCKET)),
-             *_js_read(_kv(names.SESSIONS_BUCKET)), f"$KV.{names.SESSIONS_BUCKET}.*",
+             *_js_read(_kv(names.SESSIONS_BUCKET)),
              names.FENCE_ASSIGN, names.FENCE_META, names.engine_subject("*", ">")],
             [names.service_subjects("mover")],
         ),

@@ -3,9 +3,14 @@
 A host is live while its latest heartbeat is younger than the bucket's TTL
 (`heartbeat_s * HEARTBEAT_TTL_FACTOR`). Age alone decides: a listing may still
 show keys the TTL has expired, and an expiry raises no watch event. Admission
-follows the bucket with a watch (it wakes its queue on every change); placement
-reads it afresh for each request (it must see a heartbeat written just before
-the request). Both go through this one view, so they agree on which hosts are live.
+follows the bucket with a watch (it wakes its queue on every change).
+
+Placement does not use this view, and the two rules differ on purpose: admission only asks which
+hosts it may offer a new session to now (a heartbeat younger than the TTL), while placement declares
+processes dead and fails their sessions over (`services/placement/liveness.py`): silence counted
+against each host's own interval, a new incarnation as a death, and a bus outage or a fleet-wide
+silence never read as deaths. A host admission skips for a stale beat costs a retry; a death
+placement declares wrongly costs a failover, so only placement needs the stricter rule.
 """
 
 from __future__ import annotations
@@ -54,16 +59,6 @@ class LiveHosts:
         except SchemaError as e:
             self.log.warning("engine_entry_undecodable", host_id=key, detail=e.detail)
             return None
-
-    # -------------------------------------------------------------- a fresh read (placement)
-
-    async def read(self) -> list[EngineEntry]:
-        """Every live host, read from the bucket now."""
-        hosts = []
-        for entry in await bus.kv_entries(self.kv):
-            if (host := self._decode(entry.key, entry.value)) is not None:
-                hosts.append(host)
-        return self._fresh(hosts)
 
     # -------------------------------------------------------------- a followed view (admission)
 

@@ -13,7 +13,7 @@ import msgspec
 
 from libs import bus, http_limits, names
 from libs.config import HttpServerConfig, PositiveFloat, PositiveInt, section
-from libs.fence import ownership, session_log
+from libs.fence import session_log
 from libs.http_limits import HttpLimits
 from libs.schemas.fence import (
     AssignRequest,
@@ -27,6 +27,7 @@ from libs.service import Service
 from libs.telemetry import traced
 from libs.ws_auth import Origins
 from libs.ws_limits import SocketGate, SocketLimits
+from services.fence import ownership_log
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
@@ -101,10 +102,10 @@ class FenceService(Service):
         self.log.info("ingress_listening", host=cfg.http_host, port=self.http_port)
 
     async def _assign(self, request: AssignRequest):
-        return await ownership.append_assign(self.nc, self.js, request)
+        return await ownership_log.append_assign(self.nc, self.js, request)
 
     async def _claim(self, request: ClaimRequest):
-        return await ownership.append_claim(self.js, request)
+        return await ownership_log.append_claim(self.js, request)
 
     async def _on_closed(self, msg) -> None:
         session_id = msg.data.decode(errors="replace")

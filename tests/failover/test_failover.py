@@ -13,11 +13,12 @@ import pytest
 
 from libs import bus, names
 from libs.contracts import Contract
-from libs.fence import block_journal, ownership
+from libs.fence import block_journal
 from libs.fence.replay import replay_plan
 from libs.schemas.engine import OutputChunk
 from libs.schemas.fence import AssignRequest, MetaRequest, SessionMeta
 from libs.schemas.motion import MoveReceipt, MoveRequest
+from services.fence import ownership_log
 from services.fence.service import FenceConfig, FenceService
 from tests.failover.conftest import crash, eventually
 from tests.fence.invariants import check_log, read_log
@@ -143,7 +144,7 @@ async def test_an_assignment_taken_while_fence_is_down_is_claimed_once_fence_ret
     await crash(stack.fence)
     # What fence's assign verb runs, run here while no fence answers: e1 is named in the log and told so,
     # and its requests for the session's meta and its claim go unanswered.
-    await ownership.append_assign(stack.nc, stack.js, AssignRequest(session_id=sid, server_id="e1",
+    await ownership_log.append_assign(stack.nc, stack.js, AssignRequest(session_id=sid, server_id="e1",
                                                                     expect_version=1))
     await asyncio.sleep(2.0)
     assert await stack.claimed_by(sid, "e1", min_version=2) is None

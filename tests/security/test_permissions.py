@@ -250,3 +250,16 @@ async def test_admission_follows_moves_in_flight_and_their_receipts(nats_server,
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_only_the_summarys_writers_may_put_into_the_sessions_hint(nats_server, fence_as_fence, probes):
+    """`sf_sessions` is written by fence (after each append), admission (a new session's first summary) and
+    placement (orphans); an engine host and the mover only read it."""
+    for user in ("engine.e0", "mover"):
+        p = await probes(user)
+        await p.nc.publish(f"$KV.{names.SESSIONS_BUCKET}.s", b"forged summary")
+        await p.refused(f'Publish to "$KV.{names.SESSIONS_BUCKET}.s"')
+    writer = await probes("placement")
+    await writer.nc.publish(f"$KV.{names.SESSIONS_BUCKET}.s", b"a summary")
+    await writer.nc.flush()
+    assert not any(names.SESSIONS_BUCKET in v for v in writer.violations)
