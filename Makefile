@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test chaos lint bench install clean ibverbs chromium gpu-wheels
+.PHONY: up test chaos lint typecheck bench install clean ibverbs chromium gpu-wheels
 
 install: $(STAMP)
 
@@ -53,6 +53,10 @@ gpu-wheels: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# mypy, configured in pyproject.toml: strict on libs/ and placement, basic elsewhere.
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
