@@ -24,6 +24,7 @@ from libs.schemas.placement import Placement, PlaceRequest
 from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
 from services.placement.service import PlacementConfig, PlacementService
+from tests.support.waiting import eventually
 
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=100.0)
 
@@ -152,16 +153,6 @@ class Stack:
         for svc in reversed(self.services):
             if not svc._stopping.is_set():
                 await svc.stop()
-
-
-async def eventually(fn, timeout_s: float = 30.0, every_s: float = 0.05, what: str = "condition"):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if result := await fn():
-            return result
-        await asyncio.sleep(every_s)
-    raise AssertionError(f"{what} not reached within {timeout_s}s")
 
 
 async def crash(svc) -> None:

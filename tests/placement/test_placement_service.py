@@ -17,6 +17,7 @@ from libs.schemas.placement import Placement, PlaceRequest
 from services.placement.service import PlacementConfig, PlacementService
 from tests.admission.conftest import placement  # noqa: F401  (the service, started on the test's server)
 from tests.admission.fleet import c1, host
+from tests.support.waiting import eventually
 
 
 def req(sid: str = "s1") -> PlaceRequest:
@@ -92,10 +93,3 @@ async def test_two_placers_on_two_hosts_of_one_device_never_both_land(nats_serve
                              and not any(r.sessions for r in other.hosts.values.values()))
     finally:
         await other.stop()
-
-
-async def eventually(cond, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "not within the timeout"
-        await asyncio.sleep(0.02)

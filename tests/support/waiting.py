@@ -1,0 +1,26 @@
+"""Waiting for a condition rather than for a time: the suite must pass on a loaded machine."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+async def eventually(fn: Callable[[], Any], timeout_s: float = 30.0, every_s: float = 0.05,
+                     what: str = "condition") -> Any:
+    """The first truthy value `fn()` returns (`fn` may be a plain or an async function), polled every
+    `every_s`; `AssertionError` naming `what` if none came within `timeout_s` (a generous bound, not a
+    measurement: tests assert on the condition, never on how long it took)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        result = fn()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"{what} not reached within {timeout_s}s")
+
