@@ -182,8 +182,15 @@ class Bench:
         req = RegisterRequest(session_id=sid, backend="avatar", seed=7, prompt="narrator",
                               contract=msgspec.msgpack.encode(CONTRACT), tier=1)
         self.tokens[sid] = (await bus.request(self.nc, names.FENCE_REGISTER, req, RegisterReply)).token
-        p = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
-            session_id=sid, backend="avatar", contract=CONTRACT, guard=Guard()), Placement)
+        for attempt in range(10):  # hosts that profiled themselves under load may fit fewer at first
+            try:
+                p = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
+                    session_id=sid, backend="avatar", contract=CONTRACT, guard=Guard()), Placement)
+                break
+            except errors.Rejected:
+                if attempt == 9:
+                    raise
+                await asyncio.sleep(2.0)
         await assign(self.nc, self.js, sid, p.host_id, incarnation=p.incarnation)
 
     async def feed(self, sid: str) -> None:
