@@ -261,7 +261,8 @@ class Bench:
             with contextlib.suppress(TimeoutError):
                 first = await until(lambda sid=sid, claim=claim: self._first_chunk_after(sid, claim), 30)
                 event["first_output_after_kill_s"] = first - t_kill
-        await until(lambda: self.answers(victim), 120)
+        with contextlib.suppress(TimeoutError):  # a restart profiling itself on a loaded machine: go on without it
+            await until(lambda: self.answers(victim), 120)
         return out
 
     async def _moved_on(self, sid: str, version: int):
