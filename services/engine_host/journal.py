@@ -17,7 +17,6 @@ that, after the seal, are exactly what the new owner regenerates for those index
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -93,9 +92,16 @@ class OutputJournal:
         last, (through, _) = self._last, self._quiet
         if last is None or through <= last.block or self.fenced.is_set():
             return
-        with contextlib.suppress(StatefleetError):
+        try:
             await self.writer.append([last], last.block)
-            self._quiet = (last.block, last.tier)
+        except Conflict as e:
+            if e.fields.get("reason") == "fenced":
+                self.fenced.set()
+        except StatefleetError:
+            pass  # unanswered: it may have landed
+        # Either way the window may now end at `last`: from here every block is recorded before it goes
+        # out (one the journal already covered costs an append; one it did not must not go out unrecorded).
+        self._quiet = (last.block, last.tier)
 
     async def close(self) -> None:
         await cancel_and_wait([self._task], timeout_s=STOP_TIMEOUT_S)  # appends are nats requests

@@ -237,9 +237,14 @@ class EngineRuntime:
     async def replay_block(self, sid: str, block: ConsumedBlock) -> None:
         """Regenerate the gated session's next block exactly as the journal recorded it (its items, which
         must all be accepted, and its tier); returns once it is through the sink."""
-        s = self.sessions.get(sid)
-        await s.idle.wait()
-        s = self.sessions.get(sid)
+        # Not while a checkpoint, a move or a suspend holds it (they pause the scheduler, which this
+        # block does not go through): their copy of the tree must not see it half-written.
+        while True:
+            await self.boundaries.clear(self.sessions.get(sid))
+            s = self.sessions.get(sid)
+            if s.status != "suspended":
+                break
+            await self.offload.resume(sid)  # an idle offload took it meanwhile: blocks run on device state
         if (block.block, block.first_seq) != (s.blocks_done + 1, s.consumed_seq + 1) or s.input_cursor < block.last_seq:
             raise Conflict(f"block {block.block} (items {block.first_seq}..{block.last_seq}) cannot follow block "
                            f"{s.blocks_done} (consumed {s.consumed_seq}, accepted {s.input_cursor})", session_id=sid)

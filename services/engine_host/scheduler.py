@@ -6,7 +6,8 @@ fake clock. Classes:
 - C1 interactive: releases on a fixed grid `t0 + k·period`, hard deadline at the next
   release. Queue depth 1: a release still waiting when the next one comes is skipped,
   and so is one that can no longer finish by its deadline even at the lowest tier,
-  so lateness never cascades.
+  so lateness never cascades (but never more than `probe_after` in a row: that test rests on a
+  learned cost only a running block corrects).
 - C2a planner, C2b rollout: the same grid, soft deadlines (run late rather than skip,
   still depth 1).
 - C3 bulk, C4 replay, C5 maintenance: no deadline; they run the blocks they are asked
@@ -57,6 +58,7 @@ class Task:
     paused: bool = False
     last_start: float = -math.inf  # bulk sessions of one class take turns by this
     slack_blocks: int = 0
+    hopeless_run: int = 0  # C1 releases skipped as hopeless in a row since its last dispatch
     # counters
     skipped: int = 0
     missed: int = 0
@@ -98,6 +100,12 @@ class EdfScheduler:
     raise_every_s: float = 2.0
     give: float = 0.05
     min_limit: float = 0.2
+    # A C1 release is skipped as hopeless on the learned cost, and only a block that runs corrects that
+    # cost: one slow block (a stall of the machine) could price the floor above the period for good and
+    # starve the session, its acknowledged input never applied. After this many hopeless skips in a row
+    # the next release runs at the floor anyway, so a C1 session runs at least one block in every
+    # `probe_after + 1` releases and an accepted item waits at most that many periods for its block.
+    probe_after: int = 3
     limit: float = math.nan  # the working limit (starts at busy_limit)
     _last_cut: float = -math.inf
     _last_raise: float = -math.inf
@@ -202,6 +210,9 @@ class EdfScheduler:
         """C1 releases that cannot finish by their deadline even at the lowest tier are skipped now."""
         for t in self.tasks.values():
             if t.cls == "C1" and self._ready(t) and now + self.cost(t.shape, t.ladder[0], 1) > t.deadline:
+                if t.hopeless_run >= self.probe_after:
+                    continue  # the estimate may be stale: this release runs and re-measures it
+                t.hopeless_run += 1
                 t.skipped += 1
                 t.pending_release = None
                 self._trouble = True
@@ -255,6 +266,7 @@ class EdfScheduler:
                      deadlines=tuple(t.deadline for t in group))
         for t in group:
             t.running = True
+            t.hopeless_run = 0
             t.last_start = now
             t.tier = tier if t.cls in PERIODIC else t.tier
             if t.cls in PERIODIC:

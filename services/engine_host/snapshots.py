@@ -46,6 +46,11 @@ class Snapshots:
         store = self._store()
         s = self.sessions.get(sid)
         async with self.boundaries.hold(s):
+            if s.journal is not None and s.journal.fenced.is_set():
+                # A newer owner sealed the journal: this copy may hold blocks it could not record, and a
+                # checkpoint of them (fence can still take it, racing the new assign) would be restored
+                # by a later replacement as history that never was.
+                raise Conflict(f"session {sid} is fenced here: its state is not the journal's", session_id=sid)
             # Only the moved leaves: a restore regenerates the others as a move's install does.
             snapshot = await self.in_thread(clone_tree, select(s.state, s.backend.state_spec()), "cpu")
             desc = describe(s, self.tasks(sid), with_pending=False)

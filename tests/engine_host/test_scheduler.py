@@ -269,3 +269,25 @@ def test_periods_going_by_unserved_lower_the_working_limit_until_the_ladder_has_
     sched, late = run(0.9)
     _, blind_late = run(1.0)
     assert sched.limit < sched.busy_limit and blind_late > 50 and late * 20 < blind_late
+
+
+def test_a_cost_priced_above_the_period_does_not_starve_a_c1_session_for_good():
+    """Only a block that runs corrects the learned cost: one stall of the machine that priced the floor
+    above the period must not skip every later release (its acknowledged input never applied)."""
+    learned = {"c1": 0.5}  # one slow block priced the floor at 10 periods
+
+    def stale(shape: str, tier: int, n: int) -> float:
+        return learned[shape] * tier
+
+    sched = EdfScheduler(cost=stale, guard_s=0.0)
+    sched.add(Task(sid="s", cls="C1", shape="c1", ladder=(1,), tier=1, period_s=0.05), 0.0)
+    ran = []
+    for k in range(12):
+        now = k * 0.05 + 0.001
+        d = sched.pick(now)
+        if isinstance(d, Dispatch):
+            ran.append(k)
+            learned["c1"] = 0.01  # the probe re-measured it: the stall is over
+            sched.done(d, now + 0.01)
+    assert ran and ran[0] <= sched.probe_after  # at least one block in every probe_after + 1 releases
+    assert ran[1:] == list(range(ran[0] + 1, 12))  # the re-measured cost serves every release again

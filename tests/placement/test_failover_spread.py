@@ -1,0 +1,51 @@
+"""Failover placement (pure): a dead host's sessions are spread over the survivors they fit, by the
+capacity model of any placement, and what fits nowhere is orphaned with every host's reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from libs.contracts import Contract, Guard
+from libs.schemas.common import EngineEntry, ProfileRow
+from libs.schemas.fence import Owner, SessionView
+from services.placement.failover import Orphan, Reassign, Stranded, plan
+
+C1 = Contract(session_class="C1", quality_floor=1, determinism="T0", period_ms=200.0)
+NOW = 100.0
+
+
+def host(host_id: str, quantum_ms: float, machine: str = "m1") -> EngineEntry:
+    """A live CPU host of one machine (hosts of a machine share its device), serving nothing yet."""
+    row = ProfileRow(backend="avatar", tier=1, quantum_ms=quantum_ms, block_ms=quantum_ms, state_bytes=1 << 20,
+                     media_s_per_block=0.4)
+    return EngineEntry(host_id=host_id, device="cpu", memory_bytes=1 << 34, free_memory_bytes=1 << 34,
+                       incarnation=f"{host_id}-2", heartbeat_s=0.5, heartbeat_at=NOW, machine=machine,
+                       profile=[row])
+
+
+def stranded(n: int) -> list[Stranded]:
+    view = SessionView(owner=Owner(server_id="e0", version=3), claim=Owner(server_id="e0", version=3),
+                       incarnation="e0-1")
+    return [Stranded(f"s{i}", view, C1, "avatar") for i in range(n)]
+
+
+def test_a_dead_hosts_sessions_spread_over_every_survivor_they_fit():
+    survivors = [host(h, quantum_ms=10.0) for h in ("e1", "e2", "e3")]  # 0.05 of the device each: all fit
+    decisions = plan(stranded(7), survivors, {}, Guard(), settle_s=5.0, now=NOW)
+    assert all(isinstance(d, Reassign) for d in decisions)
+    per_host = Counter(d.host_id for d in decisions)
+    assert sorted(per_host.values()) == [2, 2, 3], per_host  # not seven onto the one packed first
+
+
+def test_what_the_survivors_cannot_hold_is_orphaned_with_a_reason():
+    # 0.3 of the device per session, budget 0.9 of a device: each machine's device takes three
+    survivors = [host("e1", 60.0, "m1"), host("e2", 60.0, "m1"), host("e3", 60.0, "m2")]
+    decisions = plan(stranded(8), survivors, {}, Guard(), settle_s=5.0, now=NOW)
+    placed = [d for d in decisions if isinstance(d, Reassign)]
+    orphans = [d for d in decisions if isinstance(d, Orphan)]
+    assert len(placed) == 6 and len(orphans) == 2
+    per_host = Counter(d.host_id for d in placed)
+    assert per_host["e3"] == 3 and per_host["e1"] + per_host["e2"] == 3  # capacity is the device's
+    assert min(per_host["e1"], per_host["e2"]) >= 1  # spread over its processes too
+    for o in orphans:
+        assert o.estimates and all(not e.fits and e.reason for e in o.estimates)
