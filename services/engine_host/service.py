@@ -82,6 +82,9 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # name -> "module:Class": serves a backend no distribution registers, or settles a name that
     # two distributions register under `statefleet.backends` (otherwise a start-up error)
     backend_sources: dict[str, str] = {}
+    # name -> that backend's config fields (its `config_type`), e.g. wan_causal's preset and weights_dir;
+    # the default config of a backend not named here (an `opt_in` backend is then not served)
+    backend_configs: dict[str, dict[str, Any]] = {}
     # Moves of sessions with `rebuildable` leaves: "auto" sends them when a measured rebuild takes
     # longer than their bytes at move_wire_bps (the rate this host's moves are assumed to get),
     # "rebuild" never sends them, "send" always does (docs/backends.md, "Rebuild or send").
@@ -143,7 +146,7 @@ class EngineHostService(Service):
         self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl, replicas=cfg.nats_replicas)
         objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)
         store = CheckpointStore(objects, cfg.checkpoint_dir or None, inline_max_bytes=cfg.checkpoint_inline_max_bytes)
-        configs = {}
+        configs = {name: msgspec.msgpack.encode(fields) for name, fields in cfg.backend_configs.items()}
         if cfg.world_state_bytes:
             configs["world"] = msgspec.msgpack.encode(WorldConfig.for_state_bytes(cfg.world_state_bytes))
         self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
