@@ -22,9 +22,10 @@ import torch
 from services.engine_host.backends.wan_causal.config import Arch
 
 # Latent frames a decoder cache depends on, measured for the Wan 2.1 decoder layout (4 levels, 2
-# residual blocks each, time upsampling in the last two): tests/backends/test_wan_causal_vae.py
-# checks that a latent this far back no longer reaches the cache and one frame nearer does.
-RECEPTIVE_FRAMES = 14
+# residual blocks each, time upsampling in the last two: 12 causal convolutions at the latent rate,
+# then 7 at twice and 13 at four times it): a latent 34 frames back still changes the cache, one 36
+# back does not. tests/backends/test_wan_causal_weights.py rebuilds a wrapped history exactly.
+RECEPTIVE_FRAMES = 35
 
 
 def history_frames(a: Arch) -> int:
