@@ -75,7 +75,7 @@ def serve(config: WanCausalConfig, device: torch.device, blocks: int, tiers: tup
            **{f"state_bytes_{r}": specs.tensor_bytes(spec, r) for r in specs.ROLES}}
     moved = specs.select(state, spec)
     if move is not None:
-        out["ipc_move"] = move([t for _, t in specs.leaves(moved) if isinstance(t, torch.Tensor)])
+        out["ipc_move"] = move(_tensors(moved))
     copy = clone_tree(moved)
     t0 = time.perf_counter()
     dest, _ = complete(b, copy, 1, init)  # regenerate static leaves, rebuild the decoder cache
@@ -87,6 +87,16 @@ def serve(config: WanCausalConfig, device: torch.device, blocks: int, tiers: tup
         identical &= torch.equal(advance(b, state, inputs, 1).frames, advance(b, dest, inputs, 1).frames)
     out["continues_bit_identically"] = bool(identical)
     return out
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _tensors(v)]
+    if isinstance(tree, list):
+        return [t for v in tree for t in _tensors(v)]
+    return []
 
 
 def real_scale_config() -> WanCausalConfig:
