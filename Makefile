@@ -9,14 +9,14 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # torch is pinned first so the dependency range never pulls a multi-GB CUDA build on CPU machines.
-# The Mooncake extra is tested, not skipped: its wheel needs libibverbs.so.1, which the ibverbs target
+# The Mooncake and wan (diffusers) extras are tested, not skipped: its wheel needs libibverbs.so.1, which the ibverbs target
 # installs from Debian when it is missing and we are root; without apt (or root) the Mooncake test
 # skips and says why.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,mooncake]' || $(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,mooncake,wan]' || $(PY) -m pip install -q -e '.[dev,wan]'
 	@$(MAKE) --no-print-directory ibverbs
 	touch $(STAMP)
 

@@ -14,6 +14,11 @@ is the moved arm's median minus the rebuilt arm's (register → admit → migrat
 including the destination's rebuild); `rebuild_ms`, `rebuild_ms_full_replay` (the baseline: every
 history block through the whole decoder) and `decode_ms_per_block` are timed on one warm state,
 interleaved, so the rebuild's cost reads in decoded blocks.
+
+`wan_causal` (an opt-in backend: a host serves it only when configured) is measured at its tiny
+random-weight config (`WAN_BENCH_CONFIG`), and `wan_causal_real_scale` gives, for the published
+Self-Forcing, LongLive and Matrix-Game-2 shapes in bf16, every per-session leaf's bytes by role from
+the spec alone (nothing allocated), beside Worldline's Matrix-Game-2 measurement (`WORLDLINE_MG2`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from libs.schemas.motion import (
 from services.engine_host.backends import Registry, advance, make_backend
 from services.engine_host.backends import spec as specs
 from services.engine_host.backends.dit import DitConfig, decoder
+from services.engine_host.backends.wan_causal import WanCausalConfig, layout
 from services.engine_host.profile import chunk_crcs, dirty_bytes
 from services.engine_host.runtime import EngineRuntime
 
@@ -57,8 +63,32 @@ MOVE_CONFIG = DitConfig(latent_channels=16, latent_h=22, latent_w=40, dim=64, he
                         mouse_dim=32, mouse_heads=2, vae_channels=(64, 32, 16), vae_convs=(2, 2, 2))
 
 
+WAN_BENCH_CONFIG = WanCausalConfig(random_weights=True, embedder="random")
+# Worldline's measurement of Matrix-Game-2 on an RTX 5090 (per session): KV caches resident, the movable
+# bit-exact subset and its tensor count, the share of it dirtied per step
+WORLDLINE_MG2 = {"kv_resident_bytes": 5.32e9, "movable_bytes": 1.67e9, "movable_tensors": 420,
+                 "dirty_fraction_per_step": [0.71, 0.78]}
+
+
+def real_scale(preset: str) -> dict:
+    """Leaves, bytes and roles of one session at a published shape, from the spec alone."""
+    spec = layout.state_spec(WanCausalConfig(preset=preset, dtype="bfloat16", random_weights=True))
+    tensors = [(p, t) for p, t in specs.leaves(spec) if isinstance(t, specs.TensorSpec)]
+    groups: dict[str, int] = {}
+    for p, t in tensors:
+        name = p.split("/")[-1] if p.startswith("layers/") else p.split("/")[0]
+        group = {"k": "self_attn_kv", "v": "self_attn_kv", "mouse_k": "mouse_kv", "mouse_v": "mouse_kv",
+                 "kbd_k": "keyboard_kv", "kbd_v": "keyboard_kv", "cross_k": "cross_attn_kv",
+                 "cross_v": "cross_attn_kv"}.get(name, name)
+        groups[group] = groups.get(group, 0) + t.nbytes
+    return {"leaves": len(tensors), "bytes_by_group": groups,
+            "moved_leaves": sum(1 for _, t in tensors if t.role == "moved"),
+            **{f"state_bytes_{r}": specs.tensor_bytes(spec, r) for r in specs.ROLES}}
+
+
 def measure_backend(name: str, registry: Registry, blocks: int) -> dict:
-    backend = make_backend(registry, name, b"", torch.device("cpu"))
+    config = msgspec.msgpack.encode(WAN_BENCH_CONFIG) if name == "wan_causal" else b""
+    backend = make_backend(registry, name, config, torch.device("cpu"))
     spec = backend.state_spec()
     state = backend.init_state(1, SessionInit(prompt="bench"))
     moved = specs.select(state, spec)
@@ -201,6 +231,8 @@ async def main_async(quick: bool) -> dict:
     result: dict = {"backends": {}}
     for name in progress(registry.names(), len(registry.names()), "backends"):
         result["backends"][name] = measure_backend(name, registry, blocks)
+    result["wan_causal_real_scale"] = {p: real_scale(p) for p in ("self_forcing", "longlive", "matrix_game_2")}
+    result["wan_causal_real_scale"]["worldline_matrix_game_2"] = WORLDLINE_MG2
     reps = 3 if quick else 7
     rebuild_ms, full_replay_ms, decode_ms = time_rebuild(reps)
     server = NatsServer(store_dir=Path(tempfile.mkdtemp()) / "nats").start()
@@ -235,6 +267,11 @@ def main() -> None:
                      f"{r['state_bytes_moved'] / 2**20:.2f} / {r['state_bytes_rebuildable'] / 2**20:.2f}", ""))
         rows.append((f"{name} dirty fraction per block", r["dirty_fraction_per_block"], ""))
         rows.append((f"{name} block ms by tier", ", ".join(f"{t}: {ms:.1f}" for t, ms in r["block_ms"].items()), ""))
+    for preset, r in result["wan_causal_real_scale"].items():
+        if "leaves" in r:
+            rows.append((f"wan_causal {preset} (bf16) moved / rebuildable / static GB",
+                         f"{r['state_bytes_moved'] / 1e9:.3f} / {r['state_bytes_rebuildable'] / 1e9:.3f} / "
+                         f"{r['state_bytes_static'] / 1e9:.3f}", f"{r['leaves']} leaves, spec only"))
     dit = result["backends"]["dit"]
     rows.append(("dit move ms saved by rebuild", dit["move_ms_saved_by_rebuild"],
                  "TCP loopback; negative: the replay costs more than the bytes it saves here"))

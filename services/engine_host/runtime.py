@@ -300,7 +300,13 @@ class EngineRuntime:
 
     def backend_infos(self) -> list[BackendInfo]:
         """Every backend this host can serve (builds each default config: call it off the loop)."""
-        return [backend_info(self.backend(n), self.backends.registry.sources[n]) for n in self.backends.registry.names()]
+        return [backend_info(self.backend(n), self.backends.registry.sources[n]) for n in self.served_backends()]
+
+    def served_backends(self) -> list[str]:
+        """Every registered backend, less those that serve only when this host's config names them
+        (`opt_in`: a backend whose weights a user gives, such as `wan_causal`) and are not named."""
+        reg = self.backends.registry
+        return [n for n in reg.names() if n in self.backends.configs or not getattr(reg.load(n), "opt_in", False)]
 
     def state_bytes_resident(self) -> int:
         return sum(tree_bytes(s.state) for s in self.sessions if s.status != "suspended")

@@ -8,8 +8,10 @@ import asyncio
 import os
 import socket
 import time
+import tomllib
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -18,7 +20,7 @@ import torch
 from libs import bus, names
 from libs.checkpoint import CheckpointStore
 from libs.config import BaseConfig, PositiveFloat, PositiveInt, section
-from libs.errors import Timeout, Unavailable
+from libs.errors import ConfigError, Timeout, Unavailable
 from libs.fence.client import EngineClient
 from libs.motion.endpoint import MotionEndpoint
 from libs.motion.receiver import Limits as DataPlaneLimits
@@ -82,6 +84,10 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # name -> "module:Class": serves a backend no distribution registers, or settles a name that
     # two distributions register under `statefleet.backends` (otherwise a start-up error)
     backend_sources: dict[str, str] = {}
+    # name -> that backend's config fields (its `config_type`), e.g. wan_causal's preset and weights_dir,
+    # or the path of a TOML file of such tables (SF_BACKEND_CONFIGS under `statefleet up`); a backend not
+    # named has its default config (an `opt_in` backend is then not served)
+    backend_configs: dict[str, dict[str, Any]] | str = {}
     # Moves of sessions with `rebuildable` leaves: "auto" sends them when a measured rebuild takes
     # longer than their bytes at move_wire_bps (the rate this host's moves are assumed to get),
     # "rebuild" never sends them, "send" always does (docs/backends.md, "Rebuild or send").
@@ -90,6 +96,19 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # C1 output at a playout point on the release grid (playout.py): an even period for the viewer, at
     # the price of the hold in control-to-output latency (at most a period). false: publish when done.
     c1_pacing: bool = True
+
+
+def backend_tables(value: dict[str, dict[str, Any]] | str) -> dict[str, dict[str, Any]]:
+    """`backend_configs` as tables: given inline, or read from the TOML file it names."""
+    if isinstance(value, dict):
+        return value
+    try:
+        tables = tomllib.loads(Path(value).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"backend_configs file {value}: {e}", file=value) from None
+    if not all(isinstance(t, dict) for t in tables.values()):
+        raise ConfigError(f"backend_configs file {value}: every top-level key must be a [backend] table", file=value)
+    return tables
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -143,7 +162,7 @@ class EngineHostService(Service):
         self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl, replicas=cfg.nats_replicas)
         objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)
         store = CheckpointStore(objects, cfg.checkpoint_dir or None, inline_max_bytes=cfg.checkpoint_inline_max_bytes)
-        configs = {}
+        configs = {name: msgspec.msgpack.encode(fields) for name, fields in backend_tables(cfg.backend_configs).items()}
         if cfg.world_state_bytes:
             configs["world"] = msgspec.msgpack.encode(WorldConfig.for_state_bytes(cfg.world_state_bytes))
         self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
