@@ -88,17 +88,29 @@ def merge(kinds: Iterable[Kind]) -> list[Kind]:
 
 # ---------------------------------------------------------------- refreshing a curve from serving
 
-def observe(curve: Curve, sessions: int, chunk: float, blocks: int, *, weight: float = 0.3) -> Curve:
-    """`curve` with what serving measured at `sessions` co-located folded in: an EWMA into the point at
-    that concurrency (a new point where none was measured), so the curve follows a device that slows
-    down (a noisy neighbour, thermal limits) at the concurrency it ran at, and leaves the rest."""
+def _at(points: Sequence[CurvePoint], n: int, field: str) -> float:
+    return chunk_ms(Curve(backend="", shape="", tier=0, points=[
+        CurvePoint(sessions=p.sessions, chunk_ms=getattr(p, field)) for p in points]), n)
+
+
+def observe(curve: Curve, sessions: int, block_ms: float, blocks: int, *, weight: float = 0.3) -> Curve:
+    """`curve` with what serving measured at `sessions` co-located folded in. Serving sees each block's
+    own time through its stages (`block_ms`), not the device's throughput, so the start-up chunk time
+    at that concurrency is scaled by how much slower blocks run now than they did at start-up (never
+    below start-up's), and folded into the point at that concurrency by an EWMA: the curve follows a
+    device that slows down (a noisy neighbour, thermal limits) at the concurrency it ran at, and comes
+    back when it recovers."""
+    base = curve.startup or curve.points
+    if not base or blocks <= 0:
+        return curve
+    start_block = _at(base, sessions, "block_ms")
+    slower = max(1.0, block_ms / start_block) if start_block > 0 else 1.0
+    target = _at(base, sessions, "chunk_ms") * slower
     pts = {p.sessions: p for p in curve.points}
     old = pts.get(sessions)
-    if old is None:
-        pts[sessions] = CurvePoint(sessions=sessions, chunk_ms=chunk, blocks=blocks)
-    else:
-        pts[sessions] = CurvePoint(sessions=sessions, chunk_ms=(1 - weight) * old.chunk_ms + weight * chunk,
-                                   blocks=old.blocks + blocks)
+    chunk = target if old is None else (1 - weight) * old.chunk_ms + weight * target
+    pts[sessions] = CurvePoint(sessions=sessions, chunk_ms=chunk, block_ms=block_ms,
+                               blocks=(old.blocks if old else 0) + blocks)
     return msgspec.structs.replace(curve, points=[pts[n] for n in sorted(pts)])
 
 

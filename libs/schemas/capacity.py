@@ -12,6 +12,7 @@ class CurvePoint(Msg):
 
     sessions: int
     chunk_ms: float
+    block_ms: float = 0.0  # one block's own time through its stages at this concurrency (its latency)
     blocks: int = 0  # how many blocks this point was measured from (start-up and serving together)
 
 
@@ -21,7 +22,8 @@ class Curve(Msg):
     backend: str
     shape: str  # backend and config (`costs.shape_of`): sessions of another config are another kind
     tier: int
-    points: list[CurvePoint] = []  # ascending in `sessions`
+    points: list[CurvePoint] = []  # ascending in `sessions`: what capacity reads (start-up, refreshed)
+    startup: list[CurvePoint] = []  # as measured at start-up: serving scales these by the slowdown it sees
 
 
 class Kind(Msg):
