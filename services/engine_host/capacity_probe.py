@@ -49,12 +49,12 @@ def _round(backend: Backend, states: list[dict], tier: int, in_flight: int,
 
 def measure(backend: Backend, *, slots: int, in_flight: int, rounds: int,
             start_thread: Callable[[Callable[[], None]], threading.Thread],
-            max_round_s: float = 0.5, budget_s: float = 20.0) -> list[Curve]:
+            max_round_s: float = 0.5, budget_s: float = 6.0) -> list[Curve]:
     """One curve per tier of `backend` on this device. `start_thread` starts a thread that runs model
     code (with the host's torch thread count: `torch_threads.thread`)."""
-    deadline = time.monotonic() + budget_s / max(len(backend.tiers), 1)
     curves = []
     for tier in backend.tiers:
+        deadline = time.monotonic() + budget_s / max(len(backend.tiers), 1)
         points: list[CurvePoint] = []
         states: list[dict] = []
         n = 1

@@ -76,7 +76,7 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # The device's capacity curve at start-up (capacity_probe.py): rounds per point, the longest round
     # measured, the whole probe's budget; serving refreshes it this often.
     capacity_max_round_s: PositiveFloat = 0.5
-    capacity_probe_budget_s: PositiveFloat = 20.0
+    capacity_probe_budget_s: PositiveFloat = 6.0
     capacity_refresh_s: PositiveFloat = 2.0
     checkpoint_every_s: PositiveFloat = 10.0  # fenced sessions are checkpointed this often (for failover)
     orphan_grace_s: PositiveFloat = 5.0  # a copy assigned away and not moved is closed after this long
