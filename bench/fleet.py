@@ -93,7 +93,7 @@ def workload(trace: Path | None, seed: int, size: dict) -> tuple[str, list[fleet
 def offered(specs: list[fleet_workload.SessionSpec]) -> tuple[float, float, float]:
     """(peak, mean, end): device demand of the sessions over the arrival window (end: the last arrival),
     assuming nothing waits or idles."""
-    end = max((s.arrival_s for s in specs), default=0.0)
+    end = float(max((s.arrival_s for s in specs), default=0.0))
     edges = sorted([(s.arrival_s, share(s.tier)) for s in specs] + [(s.arrival_s + s.duration_s, -share(s.tier))
                                                                    for s in specs])
     load = peak = area = 0.0
@@ -105,7 +105,7 @@ def offered(specs: list[fleet_workload.SessionSpec]) -> tuple[float, float, floa
         load, last = load + d, t
         peak = max(peak, load)
     area += load * (end - last)
-    return peak, area / max(end, 1e-9), end
+    return float(peak), float(area / max(end, 1e-9)), end
 
 
 def static_hosts(load: float) -> int:

@@ -131,7 +131,8 @@ def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], 
     if math.isfinite(until_s) and last < until_s:
         lower += h_low * (until_s - last)
         packed += h_pack * (until_s - last)
-    out = {"bound_ms": bound_ms, "reachable": True, "gpu_hours": lower / 3600, "gpu_hours_packed": packed / 3600,
+    out = {"bound_ms": bound_ms, "reachable": True, "gpu_hours": float(lower) / 3600,
+           "gpu_hours_packed": float(packed) / 3600,
            "peak_hosts": peak,
            "per_host": {str(k): {"busy": c.busy, "sessions": c.sessions} for k, c in sorted(cap.items())}}
     return out | {"series": steps} if series else out
@@ -184,4 +185,4 @@ def boot_floor(steps: list[tuple[float, int]], boot_s: float) -> float:
         for _ in range(max(0, h - prev)):
             extra += min(boot_s, t - kept.pop()) if kept else boot_s
         prev = h
-    return extra / 3600
+    return float(extra) / 3600

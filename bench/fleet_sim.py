@@ -60,7 +60,8 @@ CROSS_ZONE_BPS = admissibility.gbps(25)
 PROVISION_S = 60.0  # scale-out: boot and pre-warm an engine host
 RESUME_BPS = 20e9  # host memory → device
 MAX_QUEUE_S = 120.0
-ARRIVAL_WINDOW_S = 60.0  # the arrival rate a snapshot carries is measured over this  # a session waiting longer than this is dropped
+ARRIVAL_WINDOW_S = 60.0  # the arrival rate a snapshot carries is measured over this
+ARRIVAL_MEMORY_S = 600.0  # ... and its peak over the windows within this
 CONTRACTS = {t: Contract(session_class="C1", quality_floor=t, determinism="T1", period_ms=PERIOD_MS) for t in ROW}
 PATHS = PathRates(default_bps=FAST_NIC_BPS, cross_zone_bps=CROSS_ZONE_BPS)
 
@@ -177,7 +178,7 @@ class Sim:
         self.stats = Stats(bucket_s=max(60.0, end_s / 240))
         self.counts = Counter()
         self.last_out = self.last_in = -math.inf
-        self.arrivals: deque[float] = deque()  # arrival times within the last ARRIVAL_WINDOW_S
+        self.arrivals: deque[float] = deque()  # arrival times within the last ARRIVAL_MEMORY_S
         for s in specs:
             self._push(s.arrival_s, "arrive", s.session_id)
             self._push(s.arrival_s + s.duration_s, "leave", s.session_id)
@@ -287,10 +288,17 @@ class Sim:
         hosts = tuple(self._host_view(h) for h in self.hosts.values() if h.state in ("up", "draining"))
         sessions = tuple(self._session_view(s) for s in self.live.values())
         provisioning = sum(1 for h in self.hosts.values() if h.state == "starting")
-        while self.arrivals and self.arrivals[0] <= self.now - ARRIVAL_WINDOW_S:
-            self.arrivals.popleft()
+        arr = self.arrivals
+        while arr and arr[0] <= self.now - ARRIVAL_MEMORY_S:
+            arr.popleft()
+        recent = len(arr) - bisect.bisect_right(arr, self.now - ARRIVAL_WINDOW_S)
+        peak, j = 0, 0
+        for i, t in enumerate(arr):  # the most arrivals within any ARRIVAL_WINDOW_S of the memory
+            while arr[j] <= t - ARRIVAL_WINDOW_S:
+                j += 1
+            peak = max(peak, i - j + 1)
         return Fleet(now=self.now, hosts=hosts, sessions=sessions, paths=PATHS, provisioning=provisioning,
-                     arrivals_per_s=len(self.arrivals) / ARRIVAL_WINDOW_S,
+                     arrivals_per_s=recent / ARRIVAL_WINDOW_S, arrivals_peak_per_s=peak / ARRIVAL_WINDOW_S,
                      last_scale_out_at=self.last_out, last_scale_in_at=self.last_in)
 
     def _host_view(self, h: SimHost) -> Host:

@@ -41,13 +41,13 @@ def point(specs: list, base: Params, changes: dict, end: float, peak: dict) -> d
     res = fleet.run_arms(specs, p, end, 0, 0, only=("turboserve", "statefleet"))
     fleet.over_target_worst(res)
     arms = {name: {k: r.get(k) for k in KEYS} for name, r in res.items()}
-    sf, greedy = arms["statefleet"], arms["turboserve"]
+    sf, turbo = arms["statefleet"], arms["turboserve"]
     cut = 1 - sf["gpu_hours"] / peak["gpu_hours"]
     return {
         "set": changes, "arms": arms, "gpu_hours_cut_vs_static_peak": cut,
         "met": {"worst_within_cap": sf["worst_chunk_ms"] <= fleet.CAP_MS,
-                "fewer_gpu_hours_than_turboserve": sf["gpu_hours"] < greedy["gpu_hours"],
-                "lower_worst_than_turboserve": sf["worst_chunk_ms"] < greedy["worst_chunk_ms"],
+                "fewer_gpu_hours_than_turboserve": sf["gpu_hours"] < turbo["gpu_hours"],
+                "lower_worst_than_turboserve": sf["worst_chunk_ms"] < turbo["worst_chunk_ms"],
                 "no_drops": sf["dropped_sessions"] == 0},
     }
 

@@ -39,7 +39,8 @@ def _lead_hosts(plan: Plan, opens: list[HostLoad], load: float, aim: float) -> i
     """Hosts the sessions arriving within one scale-out's lead time need, at the fleet's mean demand per
     session (`load` over its sessions, filled to `aim`): a new host cannot serve before then, so the pool
     must already hold them."""
-    p, rate = plan.params, plan.fleet.arrivals_per_s
+    p = plan.params
+    rate = max(plan.fleet.arrivals_per_s, plan.fleet.arrivals_peak_per_s)
     n = sum(hl.n for hl in opens)
     if rate <= 0 or not n:
         return 0

@@ -174,6 +174,9 @@ def _drain_one(plan: Plan, s: Session, src: HostLoad, order: list[HostLoad], adm
         if not frozen and within_guard and not _cut_over_within_guard(plan, s, src, dst):
             reason = reason if reason != "no_fit" else "past_guard"
             continue
+        if not frozen and plan.params.latency_cap_ms > 0 and not plan.within_target(s, dst):
+            reason = reason if reason != "no_fit" else "past_cap"  # every resident stays within it too
+            continue
         verdict = plan.move_verdict(probe, src, dst)
         if not admit(verdict):
             reason = f"inadmissible: {verdict.reason}"
