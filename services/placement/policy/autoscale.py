@@ -50,19 +50,20 @@ def _lead_hosts(plan: Plan, opens: list[HostLoad], load: float, aim: float) -> i
 def cap_load(plan: Plan, opens: list[HostLoad], queued: list[Session]) -> tuple[float, float]:
     """With a latency cap, demand in hosts at the cap (`latency.cap_weight` per session): (resident, queued)."""
     p, weights = plan.params, {}
-    resident = 0.0
     for hl in opens:
         plan.open_up(hl)
+    waiting_terms = [next((t for hl in opens if (t := plan.term(s, hl)) is not None), None) for s in queued]
+    shares = [k.share for hl in opens for k in hl.kinds.values()] + [t.share for t in waiting_terms if t is not None]
+    lightest = min(shares, default=0.0)
+    resident = 0.0
+    for hl in opens:
         assert hl.counts is not None
         for k, c in hl.counts.items():
             w = weights.get(k)
             if w is None:
-                w = weights[k] = latency.cap_weight(p, hl.kinds[k])
+                w = weights[k] = latency.cap_weight(p, hl.kinds[k], lightest)
             resident += c * w
-    waiting = 0.0
-    for s in queued:
-        t = next((t for hl in opens if (t := plan.term(s, hl)) is not None), None)
-        waiting += latency.cap_weight(p, t) if t is not None else 1.0
+    waiting = sum(latency.cap_weight(p, t, lightest) if t is not None else 1.0 for t in waiting_terms)
     return resident, waiting
 
 

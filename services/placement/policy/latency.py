@@ -96,13 +96,16 @@ def sessions_within(params: Params, t: Term) -> int:
     return max(1, min(slots, n))
 
 
-def cap_weight(params: Params, t: Term) -> float:
+def cap_weight(params: Params, t: Term, lightest: float = 0.0) -> float:
     """The share of a host one session of `t` takes at the latency target: its share over the most load a
     host carrying it may have (the guard band at most), or one of the sessions such a host may hold,
-    whichever is larger. 1: it needs a host to itself (a lone session past the target counts so too)."""
-    limit = 1.0 - params.guard.busy_fraction
-    by_load = t.share / max(min(limit, busy_within(params, t)), t.share, 1e-9)
-    return min(1.0, max(by_load, 1.0 / sessions_within(params, t)))
+    whichever is larger. 1: it needs a host to itself, as when the room it leaves within the target is
+    less than the `lightest` share of the sessions there are (nothing else could join it), or when it
+    misses the target even alone."""
+    limit = min(1.0 - params.guard.busy_fraction, busy_within(params, t))
+    if limit - t.share < lightest - 1e-9:
+        return 1.0
+    return min(1.0, max(t.share / max(limit, t.share, 1e-9), 1.0 / sessions_within(params, t)))
 
 
 def slo_ms(t: Term) -> float:
