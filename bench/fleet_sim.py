@@ -178,6 +178,7 @@ class Sim:
         self.stats = Stats(bucket_s=max(60.0, end_s / 240))
         self.counts = Counter()
         self.last_out = self.last_in = -math.inf
+        self.empty_host_s = 0.0
         self.arrivals: deque[float] = deque()  # arrival times within the last ARRIVAL_MEMORY_S
         for s in specs:
             self._push(s.arrival_s, "arrive", s.session_id)
@@ -432,6 +433,7 @@ class Sim:
         chunks = self.tick_s * 1e3 / PERIOD_MS
         for h in self.hosts.values():
             if not h.resident:
+                self.empty_host_s += self.tick_s  # booting, pooled, or holding only suspended sessions
                 continue
             tiers = Counter(self.sessions[sid].spec.tier for sid in h.resident)
             busy, n = self._busy(h), len(h.resident)
@@ -450,6 +452,7 @@ class Sim:
         buckets = sorted(set(st.gpus) | set(st.buckets))
         return {
             "gpu_hours": host_s / 3600,
+            "empty_gpu_hours": self.empty_host_s / 3600,  # of those, hosts with no session on the device
             "worst_chunk_ms": st.worst,
             "p99_chunk_ms": quantile(st.hist, 0.99),
             "p50_chunk_ms": quantile(st.hist, 0.5),
