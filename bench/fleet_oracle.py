@@ -94,9 +94,11 @@ def hosts_packed(counts: dict[int, int], cap: dict[int, Cap]) -> int:
 
 
 def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], bound_ms: float,
-              series: bool = False) -> dict:
-    """The oracle at `bound_ms`: GPU-hours (lower bound and a packed schedule) and peak hosts; with
-    `series`, also the bound's hosts over time as (t_s, hosts) steps."""
+              series: bool = False, until_s: float = math.inf, suspend: bool = True) -> dict:
+    """The oracle at `bound_ms`: GPU-hours (lower bound and a packed schedule) and peak hosts, counted
+    up to `until_s` (the window the arms are measured over); with `series`, also the bound's hosts over
+    time as (t_s, hosts) steps. `suspend=False` keeps every session on a device for its whole life: the
+    bound for a policy that cannot offload idle sessions (keep-warm)."""
     cap = caps(params, terms, bound_ms)
     if cap is None:
         return {"bound_ms": bound_ms, "reachable": False, "gpu_hours": math.inf, "gpu_hours_packed": math.inf,
@@ -104,7 +106,7 @@ def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], 
     events: dict[float, dict[int, int]] = {}
     for s in specs:
         t0 = s.arrival_s
-        for a, b in (*s.idle, (s.arrival_s + s.duration_s, None)):
+        for a, b in (*(s.idle if suspend else ()), (s.arrival_s + s.duration_s, None)):
             _step(events, t0, s.tier, 1)
             _step(events, a, s.tier, -1)
             if b is None:
@@ -116,6 +118,8 @@ def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], 
     h_low = h_pack = 0
     steps = []
     for t in sorted(events):
+        if t > until_s:
+            break
         lower += h_low * (t - last)
         packed += h_pack * (t - last)
         for k, d in events[t].items():
@@ -124,7 +128,11 @@ def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], 
         peak = max(peak, h_low)
         if series:
             steps.append((t, h_low))
-    out = {"bound_ms": bound_ms, "reachable": True, "gpu_hours": lower / 3600, "gpu_hours_packed": packed / 3600,
+    if math.isfinite(until_s) and last < until_s:
+        lower += h_low * (until_s - last)
+        packed += h_pack * (until_s - last)
+    out = {"bound_ms": bound_ms, "reachable": True, "gpu_hours": float(lower) / 3600,
+           "gpu_hours_packed": float(packed) / 3600,
            "peak_hosts": peak,
            "per_host": {str(k): {"busy": c.busy, "sessions": c.sessions} for k, c in sorted(cap.items())}}
     return out | {"series": steps} if series else out
@@ -162,3 +170,19 @@ def _lattice(shares: list[float]) -> float:
         return 0.0
     den = reduce(math.lcm, (f.denominator for f in fr))
     return float(Fraction(reduce(math.gcd, (int(f * den) for f in fr)), den))
+
+
+def boot_floor(steps: list[tuple[float, int]], boot_s: float) -> float:
+    """GPU-hours a schedule following `steps` (hosts over time) pays beyond them for booting: each host it
+    adds is paid `boot_s` before it serves, unless a host it dropped earlier is kept instead (paid for
+    the gap since). Each rise is matched with the latest fall (a stack): what even a policy that knew
+    the arrivals one boot ahead would pay on top of the steps."""
+    kept: list[float] = []  # times at which a host could have been kept rather than released
+    extra, prev = 0.0, 0
+    for t, h in steps:
+        if h < prev:
+            kept.extend([t] * (prev - h))
+        for _ in range(max(0, h - prev)):
+            extra += min(boot_s, t - kept.pop()) if kept else boot_s
+        prev = h
+    return float(extra) / 3600

@@ -7,7 +7,10 @@ comes from the same latency model the policy predicts with (`policy.latency`), o
 actual load; a move's cut-over freeze and a stop-and-copy's whole transfer are added to the
 chunks they delay. Moves run at the path's rate split among the moves arriving at the same
 receiver (incast), and a move the admissibility calculator would refuse, if an arm executes it
-anyway, runs as stop-and-copy: pre-copy cannot converge on that path within the horizon.
+anyway, runs as stop-and-copy: pre-copy cannot converge on that path within the horizon. An arm
+whose moves are stop-and-copy by design (TurboServe's) runs every serving move that way. A resume
+delays the session's first chunk by the copy from host memory (and across the path, if it changes
+host): that chunk counts like any other, so the worst chunk includes every move and resume cut-over.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ CROSS_ZONE_BPS = admissibility.gbps(25)
 PROVISION_S = 60.0  # scale-out: boot and pre-warm an engine host
 RESUME_BPS = 20e9  # host memory → device
 MAX_QUEUE_S = 120.0
-ARRIVAL_WINDOW_S = 60.0  # the arrival rate a snapshot carries is measured over this  # a session waiting longer than this is dropped
+ARRIVAL_WINDOW_S = 60.0  # the arrival rate a snapshot carries is measured over this
+ARRIVAL_MEMORY_S = 600.0  # ... and its peak over the windows within this
 CONTRACTS = {t: Contract(session_class="C1", quality_floor=t, determinism="T1", period_ms=PERIOD_MS) for t in ROW}
 PATHS = PathRates(default_bps=FAST_NIC_BPS, cross_zone_bps=CROSS_ZONE_BPS)
 
@@ -153,8 +157,10 @@ def quantile(hist: Counter[int], q: float) -> float:
 
 class Sim:
     def __init__(self, specs: list[SessionSpec], decide: Decide, params: Params, hosts: int, tick_s: float,
-                 end_s: float, label: str, progress: Callable[[str, float], None], react: Decide) -> None:
+                 end_s: float, label: str, progress: Callable[[str, float], None], react: Decide, *,
+                 stop_and_copy: bool = False) -> None:
         self.decide, self.params, self.tick_s, self.end_s = decide, params, tick_s, end_s
+        self.stop_and_copy = stop_and_copy  # every serving move freezes the session for its whole transfer
         self.react = react  # the arm's answer to an arrival, or to input reaching a suspended session
         self.label, self.progress = label, progress
         self.sessions = {s.session_id: SimSession(s, idle_starts=[a for a, _ in s.idle]) for s in specs}
@@ -172,7 +178,8 @@ class Sim:
         self.stats = Stats(bucket_s=max(60.0, end_s / 240))
         self.counts = Counter()
         self.last_out = self.last_in = -math.inf
-        self.arrivals: deque[float] = deque()  # arrival times within the last ARRIVAL_WINDOW_S
+        self.empty_host_s = 0.0
+        self.arrivals: deque[float] = deque()  # arrival times within the last ARRIVAL_MEMORY_S
         for s in specs:
             self._push(s.arrival_s, "arrive", s.session_id)
             self._push(s.arrival_s + s.duration_s, "leave", s.session_id)
@@ -282,10 +289,17 @@ class Sim:
         hosts = tuple(self._host_view(h) for h in self.hosts.values() if h.state in ("up", "draining"))
         sessions = tuple(self._session_view(s) for s in self.live.values())
         provisioning = sum(1 for h in self.hosts.values() if h.state == "starting")
-        while self.arrivals and self.arrivals[0] <= self.now - ARRIVAL_WINDOW_S:
-            self.arrivals.popleft()
+        arr = self.arrivals
+        while arr and arr[0] <= self.now - ARRIVAL_MEMORY_S:
+            arr.popleft()
+        recent = len(arr) - bisect.bisect_right(arr, self.now - ARRIVAL_WINDOW_S)
+        peak, j = 0, 0
+        for i, t in enumerate(arr):  # the most arrivals within any ARRIVAL_WINDOW_S of the memory
+            while arr[j] <= t - ARRIVAL_WINDOW_S:
+                j += 1
+            peak = max(peak, i - j + 1)
         return Fleet(now=self.now, hosts=hosts, sessions=sessions, paths=PATHS, provisioning=provisioning,
-                     arrivals_per_s=len(self.arrivals) / ARRIVAL_WINDOW_S,
+                     arrivals_per_s=recent / ARRIVAL_WINDOW_S, arrivals_peak_per_s=peak / ARRIVAL_WINDOW_S,
                      last_scale_out_at=self.last_out, last_scale_in_at=self.last_in)
 
     def _host_view(self, h: SimHost) -> Host:
@@ -329,11 +343,11 @@ class Sim:
             horizon_s=p.move_horizon_s, bandwidth_bps=rate, setup_s=p.move_setup_s))
         if frozen:
             took, stall = v.t_migrate_s, 0.0
-        elif v.admissible:
+        elif v.admissible and not self.stop_and_copy:
             took = p.move_setup_s + sp.state_bytes / (rate - sp.dirty_rate_bps)
             stall = 1e3 * (p.move_setup_s + sp.dirty_rate_bps * PERIOD_MS / 1e3 / rate)
         else:
-            took = v.t_migrate_s  # stop-and-copy: the session is frozen for the whole transfer
+            took = p.move_setup_s + sp.state_bytes / rate  # stop-and-copy: frozen for the whole transfer
             stall = 1e3 * took
             self.counts["stop_and_copy_moves"] += 1
         s.state, s.move_to = "moving", a.dst
@@ -342,10 +356,12 @@ class Sim:
         if stall:
             self._stall_chunks(s, dst, stall)
 
-    def _stall_chunks(self, s: SimSession, h: SimHost, stall_ms: float) -> None:
-        """A freeze of `stall_ms` delays the chunk due at cut-over (made on the receiver), and each one due within it."""
+    def _stall_chunks(self, s: SimSession, h: SimHost, stall_ms: float, joined: bool = False) -> None:
+        """A freeze of `stall_ms` delays the chunk due at cut-over (made on the receiver), and each one due within it.
+        `joined`: the session is already resident on `h` (a resume), else it is about to be (a move)."""
         t = self._term(s.spec.tier)
-        base = lat.chunk_ms(self.params, t, self._busy(h) + t.share, len(h.resident) + 1)
+        extra = 0 if joined else 1
+        base = lat.chunk_ms(self.params, t, self._busy(h) + extra * t.share, len(h.resident) + extra)
         late = stall_ms
         while late > 0:
             self.stats.chunk(self.now, base + late, 1.0, lat.slo_ms(t))
@@ -388,10 +404,14 @@ class Sim:
         copy_s = s.spec.state_bytes / RESUME_BPS
         if a.host_id != s.host:
             copy_s += s.spec.state_bytes / PATHS.rate(self._host_view(old), self._host_view(self.hosts[a.host_id]))
-        self.hosts[a.host_id].resident.add(a.session_id)
+        new = self.hosts[a.host_id]
+        new.resident.add(a.session_id)
         s.state, s.host = "serving", a.host_id
         self.stats.resume_delays.append(self.now - s.idle_until + copy_s)
         self.counts["resumes"] += 1
+        # the chunk the new input asks for waits for the copy (and for the decision, if it came late)
+        wait_ms = 1e3 * (copy_s + max(0.0, self.now - s.idle_until))
+        self._stall_chunks(s, new, wait_ms, joined=True)
 
     def _new_host(self, host_id: str, at: float) -> SimHost:
         h = SimHost(int(host_id[1:]), requested_at=at)
@@ -413,6 +433,7 @@ class Sim:
         chunks = self.tick_s * 1e3 / PERIOD_MS
         for h in self.hosts.values():
             if not h.resident:
+                self.empty_host_s += self.tick_s  # booting, pooled, or holding only suspended sessions
                 continue
             tiers = Counter(self.sessions[sid].spec.tier for sid in h.resident)
             busy, n = self._busy(h), len(h.resident)
@@ -431,6 +452,7 @@ class Sim:
         buckets = sorted(set(st.gpus) | set(st.buckets))
         return {
             "gpu_hours": host_s / 3600,
+            "empty_gpu_hours": self.empty_host_s / 3600,  # of those, hosts with no session on the device
             "worst_chunk_ms": st.worst,
             "p99_chunk_ms": quantile(st.hist, 0.99),
             "p50_chunk_ms": quantile(st.hist, 0.5),
@@ -447,6 +469,9 @@ class Sim:
             "resume_delay_p99_s": _pct(st.resume_delays, 0.99),
             "queue_wait_p99_s": _pct(st.queue_waits, 0.99),
             "queue_wait_max_s": max(st.queue_waits, default=0.0),
+            # arrival to first block: the queue wait of every session placed within the window (a dropped
+            # session is counted in dropped_sessions instead)
+            "start_delay_p99_s": _pct(st.queue_waits, 0.99),
             "peak_gpus": max((max(v) for v in st.gpus.values()), default=0),
             "series": {"t_s": [b * st.bucket_s for b in buckets],
                        "gpus": [sum(st.gpus.get(b, [0])) / len(st.gpus.get(b, [0])) for b in buckets],

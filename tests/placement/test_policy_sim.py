@@ -83,8 +83,8 @@ def test_a_session_draw_follows_its_arrival_and_the_published_bounds():
 
 def run(tmp_path: Path, name: str, seed: int) -> dict:
     kind, specs, _ = fleet.workload(None, seed, TINY)
-    peak, _, end = fleet.offered(specs)
-    res = fleet.run_arms(specs, fleet.params("profile"), end + fleet.TICK_S, max(1, int(peak / 0.9) + 1), 1)
+    _, _, end = fleet.offered(specs)
+    res = fleet.run_arms(specs, fleet.params("profile"), end, fleet.first_fit_hosts(specs), 1)
     for r in res.values():
         r.pop("wall_s")
     path = tmp_path / name

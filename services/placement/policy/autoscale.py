@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from libs.contracts import demand
+from services.placement.policy import latency
 from services.placement.policy.actions import Drain, Release, ScaleOut, Scaling
 from services.placement.policy.plan import HostLoad, Plan
 from services.placement.policy.snapshot import Session
@@ -34,15 +35,36 @@ def queued_load(plan: Plan, queued: list[Session]) -> float:
     return total
 
 
-def _lead_hosts(plan: Plan, opens: list[HostLoad]) -> int:
-    """Hosts the sessions arriving within one scale-out's lead time need, at the fleet's mean share:
-    a new host cannot serve before then, so the pool must already hold them."""
-    p, rate = plan.params, plan.fleet.arrivals_per_s
+def _lead_hosts(plan: Plan, opens: list[HostLoad], load: float, aim: float) -> int:
+    """Hosts the sessions arriving within one scale-out's lead time need, at the fleet's mean demand per
+    session (`load` over its sessions, filled to `aim`): a new host cannot serve before then, so the pool
+    must already hold them."""
+    p = plan.params
+    rate = max(plan.fleet.arrivals_per_s, plan.fleet.arrivals_peak_per_s)
     n = sum(hl.n for hl in opens)
     if rate <= 0 or not n:
         return 0
-    mean_share = sum(hl.busy for hl in opens) / n
-    return math.ceil(rate * p.provision_lead_s * mean_share / p.target_util - 1e-9)
+    return math.ceil(rate * p.provision_lead_s * (load / n) / aim - 1e-9)
+
+
+def cap_load(plan: Plan, opens: list[HostLoad], queued: list[Session]) -> tuple[float, float]:
+    """With a latency cap, demand in hosts at the cap (`latency.cap_weight` per session): (resident, queued)."""
+    p, weights = plan.params, {}
+    for hl in opens:
+        plan.open_up(hl)
+    waiting_terms = [next((t for hl in opens if (t := plan.term(s, hl)) is not None), None) for s in queued]
+    shares = [k.share for hl in opens for k in hl.kinds.values()] + [t.share for t in waiting_terms if t is not None]
+    lightest = min(shares, default=0.0)
+    resident = 0.0
+    for hl in opens:
+        assert hl.counts is not None
+        for k, c in hl.counts.items():
+            w = weights.get(k)
+            if w is None:
+                w = weights[k] = latency.cap_weight(p, hl.kinds[k], lightest)
+            resident += c * w
+    waiting = sum(latency.cap_weight(p, t, lightest) if t is not None else 1.0 for t in waiting_terms)
+    return resident, waiting
 
 
 def owners(plan: Plan) -> set[str]:
@@ -62,15 +84,20 @@ def measure(plan: Plan, queued: list[Session]) -> Scaling:
     """The fleet's utilisation as the autoscaler judges it, and the host count it aims at."""
     p, fleet = plan.params, plan.fleet
     opens = plan.open_loads()
-    waiting = queued_load(plan, queued)
-    load = sum(hl.busy for hl in opens) + waiting
+    if p.latency_cap_ms > 0:  # demand in hosts at the cap, aiming to fill cap_fill of them
+        resident, waiting = cap_load(plan, opens, queued)
+        aim = p.cap_fill
+    else:  # demand in device time, aiming at target_util
+        resident, waiting = sum(hl.busy for hl in opens), queued_load(plan, queued)
+        aim = p.target_util
+    load = resident + waiting
     have = len(opens) + fleet.provisioning
-    busy_hosts = math.ceil(load / p.target_util - 1e-9)
-    pool = max(p.warm_pool_hosts, math.ceil(p.warm_pool_frac * busy_hosts), _lead_hosts(plan, opens))
+    busy_hosts = math.ceil(load / aim - 1e-9)
+    pool = max(p.warm_pool_hosts, math.ceil(p.warm_pool_frac * busy_hosts), _lead_hosts(plan, opens, resident, aim))
     want = max(p.min_hosts, busy_hosts + pool)
     if queued:  # they fit no open host now (memory, slots, or load), whatever the fleet's average says;
         # hosts already coming count towards them
-        want = max(want, len(opens) + max(1, math.ceil(waiting / p.target_util - 1e-9)))
+        want = max(want, len(opens) + max(1, math.ceil(waiting / aim - 1e-9)))
     want = min(p.max_hosts, want)
     idle_hosts = sum(1 for hl in opens if not hl.n and not hl.pending) + fleet.provisioning
     return Scaling(load=load, hosts=have, util=load / have if have else math.inf, want=want, pool=pool,
@@ -82,12 +109,14 @@ def autoscale(plan: Plan, queued: list[Session]) -> tuple[list[ScaleOut | Drain 
     m = measure(plan, queued)
     owned = owners(plan)
     out: list[ScaleOut | Drain | Release] = []
-    short = m.util > p.scale_out_above or bool(queued) or m.idle_hosts < m.pool
+    above, below = (p.cap_fill, p.cap_scale_in_below) if p.latency_cap_ms > 0 else (p.scale_out_above,
+                                                                                  p.scale_in_below)
+    short = m.util > above or bool(queued) or m.idle_hosts < m.pool
     if short and m.hosts < m.want and fleet.now - fleet.last_scale_out_at >= p.scale_out_cooldown_s:
         out.append(ScaleOut(count=m.want - m.hosts))
     # Scale-in waits its cooldown after the last scaling either way: a host asked for in a wave boots
     # after it (60 s), and the next wave often follows within minutes; given back at once, it is not there.
-    elif (m.util < p.scale_in_below and m.hosts > m.want and fleet.provisioning == 0 and not queued
+    elif (m.util < below and m.hosts > m.want and fleet.provisioning == 0 and not queued
           and fleet.now - max(fleet.last_scale_in_at, fleet.last_scale_out_at) >= p.scale_in_cooldown_s):
         for hl in _drain_order(plan.open_loads(), owned)[: m.hosts - m.want]:
             out.append(Drain(host_id=hl.host_id))

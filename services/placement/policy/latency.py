@@ -69,13 +69,43 @@ def host_ms(params: Params, kinds: Iterable[Term], busy: float, n: int) -> float
     return max((chunk_ms(params, t, busy, n) for t in kinds), default=0.0)
 
 
+def target_ms(params: Params, t: Term) -> float:
+    """The latency placement aims to keep a chunk of `t` within: the cap less its margin when there is a
+    cap, else `latency_target_frac` of its SLO."""
+    if params.latency_cap_ms > 0:
+        return params.latency_cap_ms - params.cap_margin_ms
+    return params.latency_target_frac * slo_ms(t)
+
+
 def busy_within(params: Params, t: Term) -> float:
     """The largest host busy fraction at which a chunk of `t` stays within the latency target
-    (`latency_target_frac` of its SLO): -inf if never, inf if the model does not bound it by load."""
+    (`target_ms`): -inf if never, inf if the model does not bound it by load."""
     if params.latency_model != "profile" or not t.window_ms:
         return math.inf
-    room = params.latency_target_frac * slo_ms(t) - t.overhead_ms
+    room = target_ms(params, t) - t.overhead_ms
     return room / t.window_ms if room >= t.quantum_ms else -math.inf
+
+
+def sessions_within(params: Params, t: Term) -> int:
+    """The most sessions a host carrying `t` may hold with its chunk within the latency target: the
+    guard's slots, fewer under the colocation model (where latency grows with the count)."""
+    slots = params.guard.max_sessions
+    if params.latency_model != "colocation" or params.colocation_alpha <= 0:
+        return slots
+    n = math.floor(1 + (target_ms(params, t) / t.block_ms - 1) / params.colocation_alpha + 1e-9)
+    return max(1, min(slots, n))
+
+
+def cap_weight(params: Params, t: Term, lightest: float = 0.0) -> float:
+    """The share of a host one session of `t` takes at the latency target: its share over the most load a
+    host carrying it may have (the guard band at most), or one of the sessions such a host may hold,
+    whichever is larger. 1: it needs a host to itself, as when the room it leaves within the target is
+    less than the `lightest` share of the sessions there are (nothing else could join it), or when it
+    misses the target even alone."""
+    limit = min(1.0 - params.guard.busy_fraction, busy_within(params, t))
+    if limit - t.share < lightest - 1e-9:
+        return 1.0
+    return min(1.0, max(t.share / max(limit, t.share, 1e-9), 1.0 / sessions_within(params, t)))
 
 
 def slo_ms(t: Term) -> float:

@@ -8,6 +8,7 @@ would put it (the pre-warmed pool is part of that). The frontend sees a resume d
 
 from __future__ import annotations
 
+from services.placement.policy import latency
 from services.placement.policy.actions import Refusal, Resume, Suspend
 from services.placement.policy.placement import Placer, resume
 from services.placement.policy.plan import Plan
@@ -27,10 +28,22 @@ def resumes(plan: Plan, placer: Placer) -> tuple[list[Resume], list[Refusal]]:
     return done, refused
 
 
+def resumes_within_cap(plan: Plan, s: Session) -> bool:
+    """With a latency cap: would this session's resume (the copy back to the device, then its chunk alone)
+    stay within it? A suspend whose resume cannot is not made: that resume would be a chunk past the cap."""
+    p = plan.params
+    if p.latency_cap_ms <= 0:
+        return True
+    hl = plan.loads.get(s.host_id)
+    t = plan.term(s, hl) if hl is not None else None
+    alone = latency.chunk_ms(p, t, t.share, 1) if t is not None else 0.0
+    return alone + 1e3 * s.state_bytes / p.resume_bps <= latency.target_ms(p, t) if t is not None else False
+
+
 def suspends(plan: Plan) -> list[Suspend]:
     out = []
     for s in sorted(plan.idle, key=lambda x: x.session_id):
-        if s.session_id not in plan.claimed:
+        if s.session_id not in plan.claimed and resumes_within_cap(plan, s):
             hl = plan.loads.get(s.host_id)
             if hl is not None and s.session_id in plan.open_up(hl):
                 plan.take_away(s, hl)

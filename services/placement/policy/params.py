@@ -52,6 +52,18 @@ class Knobs(msgspec.Struct, frozen=True, kw_only=True):
     provision_lead_s: NonNeg = 60.0
     # Idle offload: suspend a session after this long without input (0 disables offload); new input resumes it.
     keep_warm_s: NonNeg = 120.0
+    # An absolute latency cap (0: none). With one, placement, resumes and moves keep every predicted chunk,
+    # cut-overs included, within `latency_cap_ms − cap_margin_ms`: each host is packed to the load at which
+    # its chunk latency reaches that, a session no host can take within it waits (the autoscaler asks for
+    # hosts), and the autoscaler counts demand in hosts at the cap (each session's share over the most load
+    # a host carrying it may have within the cap), aiming at `cap_fill` of the hosts it keeps.
+    latency_cap_ms: NonNeg = 0.0
+    cap_margin_ms: NonNeg = 2.5
+    cap_fill: Frac = 0.85  # scale out above this (hosts at the cap in use over hosts kept)
+    cap_scale_in_below: Frac = 0.7
+    # Host memory → device copy rate of a resume: with a cap, an idle session is suspended only when its
+    # resume (this copy, then its first chunk) stays within the cap.
+    resume_bps: Pos = 20e9
 
 
 class Params(Knobs, frozen=True, kw_only=True):

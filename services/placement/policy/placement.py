@@ -46,6 +46,9 @@ class Placer:
         last two. The preferred host wins its rank's ties.
         """
         plan = self.plan
+        # With a latency cap nothing is placed past it: a session no host takes within it waits (the
+        # autoscaler asks for hosts), unless it misses the cap even alone, when only an empty host will do.
+        capped = plan.params.latency_cap_ms > 0
         found: list[tuple[HostLoad, Estimate] | None] = [None, None, None, None]
         preferred = plan.loads.get(prefer)
         if preferred is not None and preferred.open:
@@ -53,7 +56,8 @@ class Placer:
             if est.fits:
                 if plan.within_target(s, preferred):
                     return preferred, est
-                found[2] = (preferred, est)  # staying beats a copy only when no host is within the target
+                if not capped:
+                    found[2] = (preferred, est)  # staying beats a copy only when no host is within the target
         # Within the target: the busiest host that stays within it (best fit). Light sessions pack
         # together, so empty hosts stay empty for the sessions that need a device nearly to
         # themselves; a host no busier than `bound` is the only kind that can be within it.
@@ -68,13 +72,15 @@ class Placer:
         for hl in self.order:
             if found[2] is not None:
                 break
+            if capped and (hl.n or hl.pending):
+                continue
             est = plan.fit(s, hl)
             if not est.fits:
                 continue
             rank = 2 + (0 if self._escapes(s, hl) else 1)
             if found[rank] is None:
                 found[rank] = (hl, est)
-        return next((f for f in found if f is not None), "no_fit")
+        return next((f for f in found if f is not None), "past_cap" if capped else "no_fit")
 
     def within(self, s: Session) -> Iterator[tuple[HostLoad, Estimate]]:
         """The fitting hosts that stay within the latency target with `s`, busiest first (`pack`).

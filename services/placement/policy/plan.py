@@ -195,14 +195,14 @@ class Plan:
         return latency.host_ms(self.params, kinds, hl.busy + t.share, hl.n + 1)
 
     def within_target(self, s: Session, hl: HostLoad) -> bool:
-        """With `s` added, every session on `hl` stays within `latency_target_frac` of its SLO."""
+        """With `s` added, every session on `hl` stays within its latency target (`latency.target_ms`)."""
         t = self.term(s, hl)
         if t is None:
             return False
         p = self.params
         busy, n = hl.busy + t.share, hl.n + 1
         for k in (t, *hl.kinds.values()):
-            if latency.chunk_ms(p, k, busy, n) > p.latency_target_frac * latency.slo_ms(k):
+            if latency.chunk_ms(p, k, busy, n) > latency.target_ms(p, k):
                 return False
         return True
 

@@ -93,7 +93,8 @@ def _best_move(plan: Plan, src: HostLoad, order: list[HostLoad], moved: set[str]
             gain = bottleneck - after - p.eta * stall
             # the moved session's chunk at cut-over (its latency on the receiver plus the freeze) must
             # not become the new worst chunk: min-max would then have made the maximum worse
-            if gain <= p.gain_threshold_ms or plan.ms_with(dst, t) + stall >= bottleneck:
+            cut_over = plan.ms_with(dst, t) + stall
+            if gain <= p.gain_threshold_ms or cut_over >= bottleneck or (p.latency_cap_ms and cut_over > p.latency_cap_ms):
                 continue
             verdict = plan.move_verdict(s, src, dst)
             if not admit(verdict):
@@ -173,6 +174,9 @@ def _drain_one(plan: Plan, s: Session, src: HostLoad, order: list[HostLoad], adm
         if not frozen and within_guard and not _cut_over_within_guard(plan, s, src, dst):
             reason = reason if reason != "no_fit" else "past_guard"
             continue
+        if not frozen and plan.params.latency_cap_ms > 0 and not plan.within_target(s, dst):
+            reason = reason if reason != "no_fit" else "past_cap"  # every resident stays within it too
+            continue
         verdict = plan.move_verdict(probe, src, dst)
         if not admit(verdict):
             reason = f"inadmissible: {verdict.reason}"
@@ -200,7 +204,7 @@ def _cut_over_within_guard(plan: Plan, s: Session, src: HostLoad, dst: HostLoad)
         return False
     p = plan.params
     stall = plan.stall_ms(s, plan.fleet.paths.rate(src.host, dst.host), t.window_ms)
-    limit = latency.chunk_ms(p, t, 1.0 - p.guard.busy_fraction, p.guard.max_sessions)
+    limit = p.latency_cap_ms or latency.chunk_ms(p, t, 1.0 - p.guard.busy_fraction, p.guard.max_sessions)
     return latency.chunk_ms(p, t, dst.busy + t.share, dst.n + 1) + stall <= limit
 
 

@@ -73,5 +73,8 @@ class Fleet(msgspec.Struct, frozen=True, kw_only=True):
     paths: PathRates
     provisioning: int = 0  # hosts asked for and not up yet
     arrivals_per_s: float = 0.0  # recent rate of new sessions (the service measures it over a minute or so)
+    # the highest such rate over a longer memory (0: unknown, arrivals_per_s stands in): waves recur, and
+    # the pool a scale-out's lead time needs is sized for the last one rather than for the lull after it
+    arrivals_peak_per_s: float = 0.0
     last_scale_out_at: float = -math.inf
     last_scale_in_at: float = -math.inf

@@ -1,0 +1,36 @@
+"""The colocation model's α is fitted from a curve (chunk time vs co-located sessions), which is data."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from bench import fleet, fleet_colocation
+from bench.fleet_colocation import Curve, CurveError
+
+
+def test_the_fit_recovers_the_line_of_a_noisy_curve():
+    curve = Curve(source="test", sessions=(1, 2, 3, 4), chunk_ms=(40.1, 59.8, 80.2, 99.9))
+    got = fleet_colocation.fit(curve)
+    assert got.solo_ms == pytest.approx(40.0, abs=0.3) and got.alpha == pytest.approx(0.5, abs=0.01)
+    assert got.rmse_ms < 0.3
+
+
+def test_without_a_measured_curve_the_profile_models_own_curve_is_fitted():
+    """Tier 8 on the simulator's rows: 30, 50, 70, 90 ms for 1-4 sessions: α = 20 / 30."""
+    curve, got = fleet.colocation_fit(None)
+    assert curve.sessions == (1, 2, 3, 4) and curve.chunk_ms == pytest.approx((30.0, 50.0, 70.0, 90.0))
+    assert got.alpha == pytest.approx(2 / 3) and got.rmse_ms == pytest.approx(0.0, abs=1e-9)
+    assert fleet.params("colocation", got.alpha).colocation_alpha == pytest.approx(2 / 3)
+
+
+def test_a_curve_is_read_from_json_and_a_bad_one_is_a_typed_error(tmp_path):
+    good = tmp_path / "c.json"
+    good.write_bytes(msgspec.json.encode(Curve(source="engine host", sessions=(1, 3), chunk_ms=(10.0, 16.0))))
+    assert fleet_colocation.fit(fleet_colocation.load(good)).alpha == pytest.approx(0.3)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"source": "x", "sessions": [1], "chunk_ms": "no"}')
+    with pytest.raises(CurveError, match="not a co-location curve"):
+        fleet_colocation.load(bad)
+    with pytest.raises(CurveError, match="at least two"):
+        fleet_colocation.fit(Curve(source="x", sessions=(2, 2), chunk_ms=(5.0, 6.0)))

@@ -1,0 +1,74 @@
+"""The latency cap (`Params.latency_cap_ms`): placement packs each host to the cap and no further, a session
+no host takes within it waits, no suspend is made whose resume would pass it, drains keep residents within it,
+and the autoscaler counts demand in hosts at the cap."""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.placement.policy import Drain, Move, Place, ScaleOut, Suspend, decide, react
+from services.placement.policy import latency as lat
+from services.placement.policy.autoscale import measure
+from services.placement.policy.plan import Plan
+from tests.admission.fleet import GIB
+from tests.placement.policy_fleet import PARAMS, fleet, sess
+
+CAP = msgspec.structs.replace(PARAMS, latency_cap_ms=68.75, cap_margin_ms=2.5)
+
+
+def placed(d) -> dict[str, str]:
+    return {a.session_id: a.host_id for a in d.actions if isinstance(a, Place)}
+
+
+def test_a_host_is_packed_to_the_cap_not_to_a_fraction_of_the_slo():
+    """Two tier-8 and a tier-4 (0.5 busy): 10 + 50 = 60 ms for the tier-8s, within 66.25 ms; the 0.55 × SLO
+    target (60.5 ms) also allows it, but a third tier-8 (70 ms) is past the cap and goes to the empty host."""
+    f = fleet({"h0": [sess("a", "h0"), sess("b", "h0")], "h1": []}, queued=(sess("q4", floor=4), sess("q8")))
+    got = placed(react(f, CAP))
+    assert got == {"q4": "h0", "q8": "h1"}
+
+
+def test_a_session_no_host_takes_within_the_cap_waits_and_the_autoscaler_asks_for_a_host():
+    f = fleet({"h0": [sess("a", "h0", floor=16)], "h1": [sess("b", "h1", floor=16)]}, queued=(sess("q", floor=16),))
+    assert placed(react(f, CAP)) == {}
+    assert any(r.reason == "past_cap" for r in react(f, CAP).refusals)
+    d = decide(f, msgspec.structs.replace(CAP, scale_out_cooldown_s=0.0))
+    assert any(isinstance(a, ScaleOut) for a in d.actions)
+    # without the cap the same session shares a host past the target (the guard band is the limit)
+    assert placed(react(f, PARAMS)) != {}
+
+
+def test_no_suspend_whose_resume_would_pass_the_cap():
+    """4 GiB back at 20 GB/s is ~215 ms: never within 68.75 ms; 64 MiB is ~3 ms: suspended as before."""
+    idle = dict(last_input_at=0.0)
+    p = msgspec.structs.replace(CAP, keep_warm_s=30.0)
+    big = fleet({"h0": [sess("a", "h0", state_bytes=4 * GIB, **idle)]})
+    small = fleet({"h0": [sess("a", "h0", state_bytes=64 << 20, **idle)]})
+    assert not [a for a in decide(big, p).actions if isinstance(a, Suspend)]
+    assert [a for a in decide(small, p).actions if isinstance(a, Suspend)]
+
+
+def test_a_drain_never_puts_a_receivers_residents_past_the_cap():
+    """h0 drains a tier-8; h1 holds two tier-8 (a third would make 70 ms), h2 one: only h2 may take it."""
+    f = fleet({"h0": [sess("a", "h0")], "h1": [sess("b", "h1"), sess("c", "h1")], "h2": [sess("d", "h2")]},
+              states={"h0": "draining"})
+    moves = [a for a in decide(f, CAP, rebalancing=False, scaling=False).actions if isinstance(a, Move)]
+    assert [(m.session_id, m.dst) for m in moves] == [("a", "h2")]
+
+
+def test_demand_is_counted_in_hosts_at_the_cap():
+    """Weights at 66.25 ms: tier 4 0.1 / 0.6125, tier 8 0.2 / 0.5625; tier 16 may reach 0.4625, which leaves
+    less room than a tier-4 needs, so it takes a host to itself."""
+    f = fleet({"h0": [sess("a", "h0", floor=4)], "h1": [sess("b", "h1")], "h2": [sess("c", "h2", floor=16)]})
+    m = measure(Plan(f, CAP), [])
+    assert abs(m.load - (0.1 / 0.6125 + 0.2 / 0.5625 + 1.0)) < 1e-9
+    plan = Plan(f, CAP)
+    heavy = plan.term(sess("x", floor=16), plan.loads["h0"])
+    assert lat.cap_weight(CAP, heavy, 0.1) == 1.0 and lat.cap_weight(CAP, heavy) < 1.0
+
+
+def test_scale_in_drains_only_below_its_band():
+    f = fleet({"h0": [sess("a", "h0", floor=16)], "h1": [], "h2": [], "h3": []}, last_scale_out_at=-1e9,
+              last_scale_in_at=-1e9)
+    drains = [a for a in decide(f, CAP).actions if isinstance(a, Drain)]
+    assert drains and "h0" not in {d.host_id for d in drains}  # empty hosts go first
