@@ -12,6 +12,7 @@ from libs.fence.ownership import assign
 from libs.schemas.fence import RegisterReply, RegisterRequest
 from services.engine_host.backends.talking_head import TalkingHeadBackend
 from statefleet.client import AvatarStream
+from tests.fence.conftest import http  # noqa: F401 (a fixture)
 from tests.recovery.conftest import claimed_by, eventually, fence, hosts  # noqa: F401 (fixtures)
 
 BACKEND = TalkingHeadBackend()
