@@ -35,7 +35,7 @@ from libs.service import VERSION, Service
 from libs.telemetry import traced
 from services.engine_host import profile
 from services.engine_host.assignments import Assignments
-from services.engine_host.backends import Registry, WorldConfig
+from services.engine_host.backends import AvatarConfig, Registry, WorldConfig
 from services.engine_host.runtime import EngineRuntime
 
 DEFAULT_CPU_STAGING_BYTES = 64 << 20
@@ -82,6 +82,9 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # name -> "module:Class": serves a backend no distribution registers, or settles a name that
     # two distributions register under `statefleet.backends` (otherwise a start-up error)
     backend_sources: dict[str, str] = {}
+    # The text avatar's voice: "tone" (its own oscillator) or "espeak" (speech from Debian's espeak-ng,
+    # `make espeak`); every host serving a session must use the same (a session's bits depend on it).
+    avatar_voice: Literal["tone", "espeak"] = "tone"
     # Moves of sessions with `rebuildable` leaves: "auto" sends them when a measured rebuild takes
     # longer than their bytes at move_wire_bps (the rate this host's moves are assumed to get),
     # "rebuild" never sends them, "send" always does (docs/backends.md, "Rebuild or send").
@@ -146,6 +149,8 @@ class EngineHostService(Service):
         configs = {}
         if cfg.world_state_bytes:
             configs["world"] = msgspec.msgpack.encode(WorldConfig.for_state_bytes(cfg.world_state_bytes))
+        if cfg.avatar_voice != "tone":
+            configs["avatar"] = msgspec.msgpack.encode(AvatarConfig(voice=cfg.avatar_voice))
         self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
                                      backend_configs=configs, registry=Registry(cfg.backend_sources),
                                      max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,

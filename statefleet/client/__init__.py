@@ -2,7 +2,7 @@
 (audio in; lip-synced frames and the same audio out; `clear` and `segment_end`)."""
 
 from statefleet.client.blocks import AvatarBlock, BlockAssembler
-from statefleet.client.resample import Resampler
+from libs.audio_resample import Resampler
 from statefleet.client.stream import AvatarStream
 
 __all__ = ["AvatarBlock", "AvatarStream", "BlockAssembler", "Resampler"]

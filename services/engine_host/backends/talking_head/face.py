@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from libs.schemas.engine import SessionInit
-from services.engine_host.backends.avatar import _FaceGeometry, _to_uint8
 from services.engine_host.backends.base import WEIGHT_SEED, block_generator, weights
+from services.engine_host.backends.face_geometry import FaceGeometry, to_uint8
 from services.engine_host.backends.spec import TensorSpec
 
 N_FEATURES = 3  # loudness (dB above the floor, scaled), zero-crossing rate, low-band share
@@ -71,7 +71,7 @@ class EnergyFace:
         self.w_sway = weights((d_motion, 2), g, device, scale=0.5 / math.sqrt(d_motion))
         self.w_tint = weights((d_motion, 3), g, device)
         self.w_look = weights((16, 3 * grid * grid), g, device, scale=1.0)
-        self.geo = _FaceGeometry(image, device)
+        self.geo = FaceGeometry(image, device)
 
     def state_spec(self) -> dict:
         # the face's look is a pure function of the seed and prompt: regenerated, never sent
@@ -115,19 +115,19 @@ class EnergyFace:
         tint = (0.85 + 0.3 * torch.sigmoid(pooled @ self.w_tint)).view(3, 1, 1)
         dy, dx = (torch.tanh(pooled @ self.w_sway) * 2).round().to(torch.int64).tolist()  # ±2 px of sway
         head = torch.roll(state["look"] * tint, shifts=(dy, dx), dims=(1, 2)).unsqueeze(0)
-        out = _to_uint8(head).expand(n, -1, -1, -1).clone()
+        out = to_uint8(head).expand(n, -1, -1, -1).clone()
         # The mouth follows the audio directly: loudness opens it, brightness narrows it a little.
         amp = 0.5 * feats[:, 0] * (1.0 - 0.3 * feats[:, 1])
         ys, xs = geo.mouth_box
         lips = torch.tensor([0.45, 0.05, 0.08], device=self.device).view(1, 3, 1, 1)
-        out[:, :, ys, xs] = _to_uint8(torch.lerp(head[:, :, ys, xs], lips, geo.mouth(amp)))
+        out[:, :, ys, xs] = to_uint8(torch.lerp(head[:, :, ys, xs], lips, geo.mouth(amp)))
         return out
 
 
 def mouth_opening(frames: torch.Tensor, geo_size: int) -> torch.Tensor:
     """How open each frame's mouth is, read back from the pixels ([F]: dark-red pixels in the mouth box):
     for tests and the benchmark, which check that the mouth moves with the audio."""
-    geo = _FaceGeometry(geo_size, frames.device)
+    geo = FaceGeometry(geo_size, frames.device)
     ys, xs = geo.mouth_box
     box = frames[:, :, ys, xs].float() / 255
     lip = (box[:, 0] > box[:, 1] + 0.2) & (box[:, 1] < 0.3)
