@@ -63,6 +63,7 @@ class BlockAssembler:
     def __init__(self, *, gap_s: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.gap_s, self.clock = gap_s, clock
         self.next_block: int | None = None  # the next index to deliver
+        self.first_block: int | None = None  # the first one delivered
         self.skipped = 0
         self.repeated_chunks = 0  # chunks of blocks already delivered (a replacement's regenerations)
         self._partial: dict[int, _Partial] = {}
@@ -86,7 +87,7 @@ class BlockAssembler:
         out = []
         while self._partial:
             if self.next_block is None:
-                self.next_block = min(self._partial)  # joined mid-stream: start at the first block seen
+                self.next_block = self.first_block = min(self._partial)  # joined mid-stream: the first seen
             p = self._partial.get(self.next_block)
             if p is not None and p.whole_at:
                 out.append(self._build(self.next_block, self._partial.pop(self.next_block)))

@@ -33,9 +33,9 @@ import msgspec
 import numpy as np
 
 from libs import errors
+from libs.audio_resample import Resampler, as_int16
 from libs.schemas.engine import AUDIO_SAMPLE_RATE, OutputChunk
 from statefleet.client.blocks import AvatarBlock, BlockAssembler
-from libs.audio_resample import Resampler, as_int16
 
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # backoff of resends and socket reopenings (the last repeats)
 _chunk = msgspec.msgpack.Decoder(OutputChunk)
