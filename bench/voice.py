@@ -141,7 +141,8 @@ async def open_session(http, stack: UpStack, i: int) -> Session:
 async def run(args) -> dict:
     n, utterances = (2, 2) if args.quick else (4, 3)
     with tempfile.TemporaryDirectory(prefix="bench-voice-") as tmp:
-        stack = UpStack(Path(tmp), engines=2).start()
+        data_dir = Path(args.json).parent / "bench-voice-stack" if args.keep else Path(tmp)
+        stack = UpStack(data_dir, engines=2).start()
         try:
             await stack.ready()
             async with aiohttp.ClientSession(headers=stack.admin_headers()) as http:
@@ -167,7 +168,14 @@ async def run(args) -> dict:
                     killed.append(host)
 
                 killed: list[str] = []
-                await sessions[0].utterance(6.0, on_playing=kill_owner)
+                failover_error = ""
+                try:
+                    await sessions[0].utterance(6.0, on_playing=kill_owner)
+                except TimeoutError:  # recorded, with what the client saw, instead of losing the run
+                    s0 = sessions[0]
+                    failover_error = (f"no segment_done after the kill: owner {s0.stream.owner}, next block "
+                                      f"{s0.stream.assembler.next_block}, {len(s0.blocks)} blocks, "
+                                      f"{s0.stream.resends} resends; logs in {data_dir}")
             errors = [s.audio_error_ms() for s in sessions]
             first = [x for s in sessions for x in s.first_sample]
             clears = [x for s in sessions for x in s.clears]
@@ -179,6 +187,7 @@ async def run(args) -> dict:
     a2f95 = percentile(first, 95)
     return {
         "sessions": n, "utterances_per_session": utterances, "period_ms": PERIOD_MS, "killed": killed,
+        "failover_error": failover_error,
         "audio_to_frame_ms_p50": percentile(first, 50), "audio_to_frame_ms_p95": a2f95,
         "audio_to_frame_ms_p95_alone": percentile(base, 95),
         "audio_to_frame_ratio_vs_alone": a2f95 / max(1e-9, percentile(base, 95)),
@@ -191,7 +200,9 @@ async def run(args) -> dict:
 
 
 def main() -> None:
-    args = parser("voice", __doc__.splitlines()[0]).parse_args()
+    p = parser("voice", __doc__.splitlines()[0])
+    p.add_argument("--keep", action="store_true", help="keep the stack's data dir and logs next to the JSON")
+    args = p.parse_args()
     result = asyncio.run(run(args))
     t = result["targets"]
     table([(k, result[k], f"target <= {t[k]}" if k in t else "") for k in

@@ -44,17 +44,23 @@ def media(frames) -> tuple[list[type], np.ndarray]:
     return kinds, np.concatenate(audio) if audio else np.zeros(0, np.int16)
 
 
-async def test_tts_audio_in_gives_images_and_the_same_audio_out_in_order(nc, fence, hosts):
+async def one_host_service(nc, fence, hosts, sid: str, event: str) -> tuple[StatefleetVideoService, list]:
+    """A service over a session on one host, and the list its `event` handler fills."""
     h1 = hosts("h1")
     await h1.ready(nc)
-    stream, _ = await serving(nc, fence, "h1", "pc1")
+    stream, _ = await serving(nc, fence, "h1", sid)
     service = StatefleetVideoService(stream=stream)
-    done = []
+    seen: list = []
 
-    @service.event_handler("on_segment_done")
-    async def on_done(_service, event):
-        done.append(event)
+    @service.event_handler(event)
+    async def on_event(_service, e):
+        seen.append(e)
 
+    return service, seen
+
+
+async def test_tts_audio_in_gives_images_and_the_same_audio_out_in_order(nc, fence, hosts):
+    service, done = await one_host_service(nc, fence, hosts, "pc1", "on_segment_done")
     speech = tone(1.2, freq=210, rate=24000)
     down, _ = await run_test(service, frames_to_send=[*tts(speech, 24000), TTSStoppedFrame()])
     kinds, audio = media(down)
@@ -68,16 +74,7 @@ async def test_tts_audio_in_gives_images_and_the_same_audio_out_in_order(nc, fen
 
 
 async def test_an_interruption_clears_what_has_not_played(nc, fence, hosts):
-    h1 = hosts("h1")
-    await h1.ready(nc)
-    stream, _ = await serving(nc, fence, "h1", "pc2")
-    service = StatefleetVideoService(stream=stream)
-    cleared = []
-
-    @service.event_handler("on_cleared")
-    async def on_cleared(_service, event):
-        cleared.append(event)
-
+    service, cleared = await one_host_service(nc, fence, hosts, "pc2", "on_cleared")
     speech = tone(5.0, freq=180)
     down, _ = await run_test(service, frames_to_send=[*tts(speech, 16000), SleepFrame(sleep=1.0), InterruptionFrame()])
     _, audio = media(down)
