@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test chaos lint typecheck bench install clean ibverbs chromium gpu-wheels
+.PHONY: up test chaos lint typecheck bench install clean ibverbs chromium espeak gpu-wheels
 
 install: $(STAMP)
 
@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,mooncake,wan]' || $(PY) -m pip install -q -e '.[dev,wan]'
+	$(PY) -m pip install -q -e '.[dev,mooncake,wan,pipecat,livekit]' || $(PY) -m pip install -q -e '.[dev,wan,pipecat,livekit]'
+	@$(MAKE) --no-print-directory espeak
 	@$(MAKE) --no-print-directory ibverbs
 	touch $(STAMP)
 
@@ -33,6 +34,15 @@ up: $(STAMP)
 
 test: $(STAMP) chromium
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The text avatar speaks with Debian's espeak-ng (GPL-3.0-or-later, run as a separate program: see
+# docs/decisions.md), installed from the distribution when missing and we are root; without it the
+# avatar keeps its built-in tone voice and its speech test says how to get it.
+espeak:
+	@command -v espeak-ng >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+		(apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1)) || \
+		echo "note: could not install espeak-ng; the text avatar keeps its tone voice"
 
 # tests/browser drive Debian's Chromium through Playwright: installed from the distribution when it is
 # missing and we are root (never a downloaded browser build); otherwise those tests say how to get it.

@@ -6,7 +6,7 @@ from typing import Any, Literal, get_args
 
 from libs.schemas.base import Msg
 
-InputKind = Literal["text", "action", "audio", "json"]
+InputKind = Literal["text", "action", "audio", "json", "clear", "segment_end"]
 INPUT_KINDS: tuple[str, ...] = get_args(InputKind)
 
 
@@ -131,7 +131,8 @@ class InputItem(Msg):
     `data` is the JSON value exactly as the client sent it (size-checked by ingress):
     `text` → a JSON string (avatar speech), `action` → a JSON object such as
     {"keys": ["w"], "mouse": [dx, dy]} (world models), `audio` → a JSON string holding base64 of
-    16 kHz mono int16 little-endian PCM, `json` → any JSON object.
+    16 kHz mono int16 little-endian PCM (or an `AudioChunk` object naming its rate), `json` → any JSON
+    object, `clear` / `segment_end` → a voice agent's control items (libs/schemas/voice.py).
     Backends validate the shape they need and reject others with a typed error.
     """
 

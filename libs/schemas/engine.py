@@ -163,8 +163,9 @@ class OutputChunk(Msg):
     session_id: str
     block: int
     # "input_rejected": an input item the backend refused and skipped; `data` is its problem+json
-    # (with `seq`), dtype "json", one part. Readers that only render media skip other kinds.
-    kind: Literal["frames", "audio", "input_rejected"]
+    # (with `seq`), dtype "json", one part. "event": the block's events (libs/schemas/voice.py), dtype
+    # "json", one event's JSON per part. Readers that only render media skip other kinds.
+    kind: Literal["frames", "audio", "input_rejected", "event"]
     dtype: str
     shape: list[int]
     part: int

@@ -29,8 +29,9 @@ class Encoded:
 
 
 def encode(out: Output, max_bytes: int = MAX_CHUNK_BYTES) -> list[Encoded]:
-    """Frames as one PNG each (raw slices if a frame's PNG would not fit a chunk); audio as raw slices."""
-    encoded = []
+    """Frames as one PNG each (raw slices if a frame's PNG would not fit a chunk); audio as raw slices.
+    Events go first, so a reader that has a block's frames and audio has its events too."""
+    encoded = [Encoded("event", "json", [len(out.events)], "raw", list(out.events))] if out.events else []
     for kind, t in (("frames", out.frames), ("audio", out.audio)):
         if t is None:
             continue

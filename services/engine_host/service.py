@@ -40,7 +40,7 @@ from libs.service import VERSION, Service
 from libs.telemetry import traced
 from services.engine_host import capacity_probe, profile, torch_threads
 from services.engine_host.assignments import Assignments
-from services.engine_host.backends import Registry, WorldConfig
+from services.engine_host.backends import AvatarConfig, Registry, WorldConfig
 from services.engine_host.costs import shape_of
 from services.engine_host.device_capacity import DeviceCapacityKeeper
 from services.engine_host.runtime import MAX_IN_FLIGHT, EngineRuntime
@@ -99,6 +99,9 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # or the path of a TOML file of such tables (SF_BACKEND_CONFIGS under `statefleet up`); a backend not
     # named has its default config (an `opt_in` backend is then not served)
     backend_configs: dict[str, dict[str, Any]] | str = {}
+    # The text avatar's voice: "tone" (its own oscillator) or "espeak" (speech from Debian's espeak-ng,
+    # `make espeak`); every host serving a session must use the same (a session's bits depend on it).
+    avatar_voice: Literal["tone", "espeak"] = "tone"
     # Moves of sessions with `rebuildable` leaves: "auto" sends them when a measured rebuild takes
     # longer than their bytes at move_wire_bps (the rate this host's moves are assumed to get),
     # "rebuild" never sends them, "send" always does (docs/backends.md, "Rebuild or send").
@@ -185,6 +188,8 @@ class EngineHostService(Service):
         configs = {name: msgspec.msgpack.encode(fields) for name, fields in backend_tables(cfg.backend_configs).items()}
         if cfg.world_state_bytes:
             configs["world"] = msgspec.msgpack.encode(WorldConfig.for_state_bytes(cfg.world_state_bytes))
+        if cfg.avatar_voice != "tone":
+            configs["avatar"] = msgspec.msgpack.encode(AvatarConfig(voice=cfg.avatar_voice))
         self.runtime = EngineRuntime(self.device, host_id=self.host_id, publish=self._publish, checkpoints=store,
                                      backend_configs=configs, registry=Registry(cfg.backend_sources),
                                      max_batch=cfg.max_batch, guard_s=cfg.guard_ms / 1000,

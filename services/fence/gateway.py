@@ -19,6 +19,11 @@ items). An engine that cannot keep up is released no more; its items wait, store
 in the input stream, until its cursor advances (the gateway hears every cursor put),
 and ingress answers 429 once `max_pending_items` wait: backpressure from the engine
 to the client, and nothing accepted is dropped.
+
+A `clear` overtakes that bound: with a clear in hand, the owner is released every item up to
+it at once, whatever its cursor, so the clear reaches the engine within a block period however
+much audio waits (the backend drops the audio before the clear unplayed, in the block that
+applies it). The release is an ordinary one, in seq order and CAS'd like every other.
 """
 
 from __future__ import annotations
@@ -256,6 +261,7 @@ class Gateway:
                     return tail  # the items in hand are released; re-releases after a newer claim are its kick's
                 owner = core.current_owner(tail.view)
                 room = await self._credit(session_id, owner, tail) if owner else 0
+                room = max(room, _to_clear(ready, tail.view.released))
                 if owner and room <= 0:
                     _held.add(1)
                     self._held.add(session_id)  # released once the owner's cursor moves
@@ -298,3 +304,9 @@ class Gateway:
         lock = self._locks.get(session_id)
         if lock is not None and not lock.locked():
             del self._locks[session_id]
+
+
+def _to_clear(ready: dict[int, tuple[InputItem, int]], released: int) -> int:
+    """How many items after `released` a release must take to include the last `clear` in hand (0: none)."""
+    last = max((seq for seq, (item, _) in ready.items() if item.kind == "clear" and seq > released), default=0)
+    return max(0, last - released)

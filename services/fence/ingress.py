@@ -1,7 +1,8 @@
 """Ingress: HTTP POST and WebSocket endpoints through which a frontend sends a session's control items.
 
     POST /v1/sessions/{session_id}/items        Authorization: Bearer <input token>
-         {"kind": "text" | "action" | "audio" | "json", "data": <JSON>}  (audio: base64 16 kHz s16le PCM)  →  200 {"session_id", "seq"}
+         {"kind": "text" | "action" | "audio" | "json" | "clear" | "segment_end", "data": <JSON>}  →  200 {"session_id", "seq"}
+         (audio: base64 16 kHz s16le PCM, or an AudioChunk object; clear/segment_end: libs/schemas/voice.py)
     GET  /v1/sessions/{session_id}/ws           (WebSocket, same header, or the token in the first
          message: see libs/ws_auth.py) one item per text frame, each answered {"seq": n} or
          {"error": <problem>} in order; a bad frame does not close it.
@@ -30,11 +31,12 @@ import msgspec
 import structlog
 from aiohttp import WSMsgType, web
 
-from libs import errors
+from libs import errors, voice_items
 from libs.fence import session_log
 from libs.schemas.fence import SessionMeta
 from libs.ws_auth import Origins, authenticate_first_message
 from libs.ws_limits import SocketGate
+from services.fence.control_rate import ControlRate
 from services.fence.egress import OPEN_SOCKETS, Egress, close_sockets, track
 from services.fence.gateway import Gateway
 from services.fence.inputs import InputAppender, Stored
@@ -46,7 +48,7 @@ WS_WINDOW = 64  # unanswered frames per WebSocket
 
 
 class Envelope(msgspec.Struct, forbid_unknown_fields=True):
-    kind: Literal["text", "action", "audio", "json"]
+    kind: Literal["text", "action", "audio", "json", "clear", "segment_end"]
     data: msgspec.Raw
     # The client's id for the item: a resend with an id among the session's recent items is
     # answered with the first copy's seq (and "duplicate": true) and not stored again.
@@ -55,14 +57,19 @@ class Envelope(msgspec.Struct, forbid_unknown_fields=True):
 
 _decoder = msgspec.json.Decoder(Envelope)
 _text = msgspec.json.Decoder(str)  # a text item's data: checked to be a JSON string by `_parse`
-# The first byte of the JSON value each kind must carry: text/audio a string, action/json an object.
-_EXPECTED_START = {"text": ord('"'), "action": ord("{"), "audio": ord('"'), "json": ord("{")}
+# The first byte of the JSON value each kind may carry: text a string, audio a string or an object,
+# the others an object.
+_STRING, _OBJECT = b'"'[0], b"{"[0]
+_EXPECTED_START = {"text": (_STRING,), "action": (_OBJECT,), "audio": (_STRING, _OBJECT), "json": (_OBJECT,),
+                   "clear": (_OBJECT,), "segment_end": (_OBJECT,)}
 
 
 class Ingress:
     def __init__(self, sessions: Sessions, appender: InputAppender, gateway: Gateway, egress: Egress, *,
-                 max_item_bytes: int, max_pending_items: int, origins: Origins, sockets: SocketGate) -> None:
+                 max_item_bytes: int, max_pending_items: int, origins: Origins, sockets: SocketGate,
+                 control_rate: ControlRate | None = None) -> None:
         self.sessions, self.appender, self.gateway, self.egress = sessions, appender, gateway, egress
+        self.control_rate = control_rate or ControlRate(per_s=4.0, burst=8)
         self.origins, self.sockets = origins, sockets
         self.max_item_bytes = max_item_bytes
         self.max_pending_items = max_pending_items
@@ -88,7 +95,10 @@ class Ingress:
         meta = await self.sessions.authenticate(session_id, token)
         kind, data, item_id = self._parse(body)
         _check_backend_takes(meta, kind, data)
+        _check_voice_item(kind, data, self.max_item_bytes)
         await self._check_bound(session_id)
+        if kind in voice_items.CONTROL_KINDS:  # last: a refused item spends none of the session's rate
+            self.control_rate.take(session_id, kind)
         return self.appender.submit(session_id, kind, data, time.time(), item_id)
 
     def _parse(self, body: bytes) -> tuple[str, bytes, str]:
@@ -102,9 +112,10 @@ class Ingress:
         if len(data) > self.max_item_bytes:
             raise errors.TooLarge(f"item data is {len(data)} bytes (max {self.max_item_bytes})",
                                   size=len(data), max_item_bytes=self.max_item_bytes)
-        if not data or data[0] != _EXPECTED_START[env.kind]:
+        if not data or data[0] not in _EXPECTED_START[env.kind]:
             raise errors.BadRequest(f"a {env.kind} item needs "
-                                    f"{'a JSON string' if env.kind in ('text', 'audio') else 'a JSON object'}")
+                                    f"{'a JSON string' if env.kind == 'text' else 'a JSON object'}"
+                                    f"{' or string' if env.kind == 'audio' else ''}")
         return env.kind, data, env.id or ""
 
     async def _check_bound(self, session_id: str) -> None:
@@ -225,6 +236,15 @@ def _check_backend_takes(meta: SessionMeta, kind: str, data: bytes) -> None:
         if size > meta.max_input_bytes:
             raise errors.TooLarge(f"a {kind} item of {size} bytes is over backend {meta.backend}'s "
                                   f"{meta.max_input_bytes}", size=size, max_input_bytes=meta.max_input_bytes)
+
+
+def _check_voice_item(kind: str, data: bytes, max_item_bytes: int) -> None:
+    """Audio and the control items have one valid form for every backend (libs/voice_items.py): a bad
+    one is refused here with a typed 4xx rather than stored and skipped at the engine."""
+    if kind == "audio":
+        voice_items.audio_pcm(data, max_samples=max_item_bytes // 2)
+    elif kind in voice_items.CONTROL_KINDS:
+        voice_items.control(kind, data)
 
 
 @web.middleware

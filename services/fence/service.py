@@ -28,6 +28,7 @@ from libs.telemetry import traced
 from libs.ws_auth import Origins
 from libs.ws_limits import SocketGate, SocketLimits
 from services.fence import ownership_log
+from services.fence.control_rate import ControlRate
 from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
@@ -53,6 +54,9 @@ class FenceConfig(HttpServerConfig, kw_only=True):
     gateway_batch: PositiveInt = 256  # items per consumer fetch
     max_release_items: PositiveInt = 64  # items per release record and per stored input batch
     max_release_bytes: PositiveInt = 512 * 1024  # payload bytes per release record / input batch (NATS max is 1 MiB)
+    # control items (clear, segment_end) per session and ingress instance: a rate and a burst; beyond, 429
+    control_items_per_s: PositiveFloat = 4.0
+    control_items_burst: PositiveInt = 8
     dedupe_items: PositiveInt = 256  # a resent item is recognised by its id among the session's last this many
     # Browser origins (besides the ingress's own) whose pages may open session sockets, e.g. the session
     # page admission serves; `statefleet up` sets it. Comma-separated, e.g. "http://127.0.0.1:8700".
@@ -96,7 +100,8 @@ class FenceService(Service):
         sockets = SocketGate(section(cfg, "ws_", SocketLimits))
         self.ingress = ingress = Ingress(self.sessions, self.appender, self.gateway, Egress(self.nc, self.sessions, sockets),
                           max_item_bytes=cfg.max_item_bytes, max_pending_items=cfg.max_pending_items,
-                          origins=Origins(cfg.allowed_origins.split(",")), sockets=sockets)
+                          origins=Origins(cfg.allowed_origins.split(",")), sockets=sockets,
+                          control_rate=ControlRate(per_s=cfg.control_items_per_s, burst=cfg.control_items_burst))
         self._runner, self.http_port, self.http_guard = await http_limits.serve(
             ingress.app(), cfg.http_host, cfg.http_port, section(cfg, "http_", HttpLimits), "fence")
         self.log.info("ingress_listening", host=cfg.http_host, port=self.http_port)

@@ -5,7 +5,9 @@ speaker embedding (which drifts with what was said); denoise refines motion and
 audio latents for one chunk of frames attending to the conditioning and to the
 prosody cache of earlier chunks, then writes its own summary into that cache;
 decode renders video frames and an audio waveform whose oscillator phase
-carries across chunks so the audio has no seam. A frame is a face drawn over a
+carries across chunks so the audio has no seam (or, with `voice = "espeak"`, speaks the text with
+Debian's espeak-ng: speech.py; the chunk plays the next block of that speech and the mouth follows
+its loudness, so the path text → speech → face → video is real). A frame is a face drawn over a
 texture the model paints on a coarse grid (upsampled to the frame size): the
 face's tint follows the chunk's motion latent and its mouth opens with each
 frame's loudness, so what a viewer sees moves with what they hear.
@@ -21,10 +23,14 @@ import msgspec
 import torch
 import torch.nn.functional as F
 
+from libs.errors import ConfigError
 from libs.schemas.common import InputItem
 from libs.schemas.engine import SessionInit
 from services.engine_host.backends.base import WEIGHT_SEED, Output, block_generator, weights
+from services.engine_host.backends.face_geometry import FaceGeometry, to_uint8
 from services.engine_host.backends.inputs import parse_text
+from services.engine_host.backends.talking_head import ring
+from services.engine_host.backends.talking_head.face import frame_features
 
 
 class AvatarConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,6 +44,8 @@ class AvatarConfig(msgspec.Struct, frozen=True, kw_only=True):
     sample_rate: int = 16000
     text_max_bytes: int = 256  # per chunk, all the text released to it together
     tiers: tuple[int, ...] = (1, 2, 4, 8)
+    voice: str = "tone"  # "tone": the model's own oscillator; "espeak": speech from espeak-ng
+    speech_s: float = 30.0  # espeak: the most speech a session holds not yet played
 
 
 class AvatarBackend:
@@ -59,7 +67,14 @@ class AvatarBackend:
         self.w = {name: weights(shape, g, dev) for name, shape in
                   (("q", (D, D)), ("k", (D, D)), ("v", (D, D)), ("w1", (D, 2 * D)), ("w2", (2 * D, D)),
                    ("video", (D, 3 * c.grid * c.grid)), ("audio", (D, 2)), ("tint", (D, 3)))}
-        self.face = _FaceGeometry(c.image, dev)
+        self.face = FaceGeometry(c.image, dev)
+        if c.voice not in ("tone", "espeak"):
+            raise ConfigError(f"avatar voice {c.voice!r} is not tone or espeak", voice=c.voice)
+        self.speech = None
+        if c.voice == "espeak":
+            from services.engine_host.backends.speech import Espeak
+            self.speech = Espeak()
+        self.speech_samples = int(c.speech_s * c.sample_rate)
 
     def config_bytes(self) -> bytes:
         return msgspec.msgpack.encode(self.config)
@@ -67,26 +82,36 @@ class AvatarBackend:
     def init_state(self, seed: int, init: SessionInit) -> dict:
         c = self.config
         g = block_generator(seed, -1, crc32c.crc32c(init.prompt.encode()))
-        return {
+        state = {
             "speaker": torch.randn(c.d_model, generator=g).to(self.device),
             "prosody": torch.zeros((c.prosody_len, c.d_model), device=self.device),
             "seed": seed,
             "block": 0,
             "phase": 0.0,
         }
+        if self.speech is not None:  # the speech not yet played, as the talking head's audio ring
+            state["speech"] = {"ring": torch.zeros(self.speech_samples, dtype=torch.int16, device=self.device),
+                               "head": 0, "tail": 0, "played": 0, "overflow": 0}
+        return state
 
     def state_spec(self) -> dict:
         """The state tree's layout: tensor leaves as (dtype, shape), scalars as their type."""
         c = self.config
-        return {"speaker": (torch.float32, (c.d_model,)), "prosody": (torch.float32, (c.prosody_len, c.d_model)),
+        spec = {"speaker": (torch.float32, (c.d_model,)), "prosody": (torch.float32, (c.prosody_len, c.d_model)),
                 "seed": int, "block": int, "phase": float}
+        if self.speech is not None:
+            spec["speech"] = {"ring": (torch.int16, (self.speech_samples,)), "head": int, "tail": int,
+                              "played": int, "overflow": int}
+        return spec
 
     def parse_input(self, item: InputItem) -> bytes:
         return parse_text(item, self.config.text_max_bytes)
 
     def encode(self, state: dict, inputs: list[Any]) -> torch.Tensor:
-        """Owns `speaker`. Text beyond the per-chunk budget is cut (the chunk speaks what fits)."""
+        """Owns `speaker` (and `speech`). Text beyond the per-chunk budget is cut (the chunk speaks what fits)."""
         text = b" ".join(inputs)[: self.config.text_max_bytes]
+        if self.speech is not None and text:
+            ring.push(state["speech"], self.speech.speak(text.decode(errors="replace")).to(self.device))
         speaker = state["speaker"]
         if not text:
             return speaker.expand(self.config.cond_tokens, -1).clone()
@@ -118,6 +143,8 @@ class AvatarBackend:
     def decode(self, state: dict, carry: torch.Tensor) -> Output:
         """Owns `phase`."""
         c = self.config
+        if self.speech is not None:
+            return self._speak(state, carry)
         ctrl = (carry @ self.w["audio"]).double().cpu()  # [F, 2]: loudness, pitch
         amp = torch.sigmoid(ctrl[:, 0]) * 0.5
         frames = self._render(carry, amp.float().to(self.device))
@@ -128,6 +155,17 @@ class AvatarBackend:
         audio = (amp.repeat_interleave(spf) * torch.sin(phase) * 32767).round().to(torch.int16)
         state["phase"] = float(phase[-1].item() % (2 * math.pi))
         return Output(frames=frames.cpu(), audio=audio)
+
+    def _speak(self, state: dict, carry: torch.Tensor) -> Output:
+        """The chunk's share of the speech (silence once it is all played), the mouth opening with each
+        frame's loudness."""
+        c = self.config
+        n = round(c.sample_rate / c.fps) * c.frames
+        audio = torch.zeros(n, dtype=torch.int16)
+        said = ring.take(state["speech"], n).cpu()
+        audio[: said.shape[0]] = said
+        amp = 0.5 * frame_features(audio.float() / 32768.0, c.frames)[:, 0]
+        return Output(frames=self._render(carry, amp.to(self.device)).cpu(), audio=audio)
 
     def _render(self, carry: torch.Tensor, amp: torch.Tensor) -> torch.Tensor:
         """uint8 [F, 3, image, image]: a face over the chunk's painted texture, the mouth drawn per frame.
@@ -140,38 +178,8 @@ class AvatarBackend:
         skin = torch.tensor([0.98, 0.8, 0.64], device=carry.device)
         tint = (skin * (0.7 + 0.6 * torch.sigmoid(pooled @ self.w["tint"]))).view(1, 3, 1, 1)
         face = torch.lerp(0.25 + 0.5 * texture, tint * geo.shade + 0.12 * texture, geo.face) * (1 - geo.eyes)
-        frames = _to_uint8(face).expand(c.frames, -1, -1, -1).clone()
+        frames = to_uint8(face).expand(c.frames, -1, -1, -1).clone()
         ys, xs = geo.mouth_box
         lips = torch.tensor([0.45, 0.05, 0.08], device=carry.device).view(1, 3, 1, 1)
-        frames[:, :, ys, xs] = _to_uint8(torch.lerp(face[:, :, ys, xs], lips, geo.mouth(amp)))
+        frames[:, :, ys, xs] = to_uint8(torch.lerp(face[:, :, ys, xs], lips, geo.mouth(amp)))
         return frames
-
-
-def _to_uint8(img: torch.Tensor) -> torch.Tensor:
-    return (img.clamp(0, 1) * 255).round().to(torch.uint8)
-
-
-class _FaceGeometry:
-    """Soft masks of a face over an S×S frame, precomputed once (coordinates in [0, 1])."""
-
-    def __init__(self, size: int, device: torch.device) -> None:
-        self.size = size
-        axis = (torch.arange(size, dtype=torch.float32, device=device) + 0.5) / size
-        self.y, self.x = axis.view(-1, 1), axis.view(1, -1)
-        self.face = self._disc(0.5, 0.52, 0.36, 0.36)
-        self.shade = 1.0 - 0.35 * ((self.x - 0.42) ** 2 + (self.y - 0.4) ** 2).sqrt()  # light from top left
-        self.eyes = torch.maximum(self._disc(0.37, 0.42, 0.045, 0.055), self._disc(0.63, 0.42, 0.045, 0.055))
-        # the widest mouth (amp 0.5) spans x 0.5 ± 0.13, y 0.7 ± 0.092: its box, a little larger
-        self.mouth_box = (slice(int(0.59 * size), int(0.81 * size) + 1), slice(int(0.35 * size), int(0.65 * size) + 1))
-
-    def _disc(self, cx: float, cy: float, rx: float, ry: float) -> torch.Tensor:
-        """1 inside the ellipse, 0 outside, with a soft edge about a pixel and a half wide."""
-        d = (((self.x - cx) / rx) ** 2 + ((self.y - cy) / ry) ** 2).sqrt()
-        return ((1 - d) * self.size * min(rx, ry) / 1.5).clamp(0, 1)
-
-    def mouth(self, amp: torch.Tensor) -> torch.Tensor:
-        """[F, 1, h, w] over `mouth_box`: one mouth per frame, open in proportion to its loudness `amp` in [0, 0.5]."""
-        ys, xs = self.mouth_box
-        ry = (0.012 + 0.16 * amp).view(-1, 1, 1, 1)
-        d = (((self.x[:, xs] - 0.5) / 0.13) ** 2 + ((self.y[ys] - 0.7) / ry) ** 2).sqrt()
-        return ((1 - d) * self.size * 0.012).clamp(0, 1)

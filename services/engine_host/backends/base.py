@@ -10,7 +10,7 @@ bit-exact on the same machine. `docs/backends.md` is the porting guide.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -30,6 +30,9 @@ class Output:
 
     frames: torch.Tensor  # uint8 [F, 3, H, W]
     audio: torch.Tensor | None = None  # int16 [samples]
+    # JSON events the block answers with (a talking head's `cleared`, `segment_done`): published with
+    # the block, after it is journaled, as `OutputChunk`s of kind "event", one event per part
+    events: list[bytes] = field(default_factory=list)
 
 
 class Backend(Protocol):
