@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,mooncake]' || $(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,webrtc,mooncake]' || $(PY) -m pip install -q -e '.[dev,webrtc]'
 	@$(MAKE) --no-print-directory ibverbs
 	touch $(STAMP)
 
