@@ -60,6 +60,7 @@ class Playout:
         self.frames: collections.deque[_Frame] = collections.deque()
         self.audio: collections.deque[tuple[int, np.ndarray]] = collections.deque()  # (first sample, samples)
         self.late_frames = 0
+        self.first_pts: int | None = None  # the first frame handed to the encoder (its RTP timestamp's origin)
         self.restarts = 0
         self.wake = asyncio.Event()
         self.closed = False
@@ -113,11 +114,13 @@ class Playout:
                     pass
                 continue
             self.frames.popleft()
+            if frame.starts is not None:  # announced even if its first frame is skipped: the rest still play
+                self.on_block_start(frame.starts, frame.pts)
             if -delay > LATE_DROP_S and self.frames:
                 self.late_frames += 1
                 continue
-            if frame.starts is not None:
-                self.on_block_start(frame.starts, frame.pts)
+            if self.first_pts is None:
+                self.first_pts = frame.pts
             return frame
 
     def audio_at(self, first: int, n: int) -> np.ndarray:

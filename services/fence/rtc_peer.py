@@ -12,7 +12,8 @@ Data-channel messages from here (JSON text):
     {"block": {"index", "owner": [server_id, version], "input_seq", "media_s", "frames", "pts",
                "step_pts", "arrived_at", "sent_at", "replays_dropped"}}
         when the block's first frame goes to the encoder; `pts` is its first frame's video timestamp
-        (90 kHz, from this connection's origin), `arrived_at` / `sent_at` wall-clock seconds
+        (90 kHz, from this connection's origin), `first_pts` that of the first frame this connection sent
+        (null until one was: a viewer maps RTP timestamps to these by it), `arrived_at` / `sent_at` wall-clock seconds
         (time.time()) when its frames were whole here and when its first frame was sent
     {"ack": ...}                                             answers to input (rtc_input.py)
 """
@@ -136,7 +137,10 @@ class Peer:
             self._owners.seen(decode(msg.data, LogRecord).view)
 
     async def _media(self, media: BlockMedia) -> None:
-        if not self.closed:
+        # Played from the first block after the data channel opened: every frame sent has its block's
+        # message before it (a viewer can map each frame to its block), and a viewer still connecting
+        # gets no backlog.
+        if not self.closed and self.channel is not None and self.channel.readyState == "open":
             self.playout.place(media)
 
     def _block_started(self, media: BlockMedia, pts: int) -> None:
@@ -144,7 +148,7 @@ class Peer:
         owner = self._owners.last
         self.text(msgspec.json.encode({"block": {
             "index": media.block, "owner": [owner[0], owner[1]] if owner else None, "input_seq": media.input_seq,
-            "media_s": media.media_s, "frames": n, "pts": pts,
+            "media_s": media.media_s, "frames": n, "pts": pts, "first_pts": self.playout.first_pts,
             "step_pts": round(media.media_s / n * VIDEO_CLOCK) if n and media.media_s > 0 else 0,
             "arrived_at": self._arrived.pop(media.block, 0.0), "sent_at": time.time(),
             "replays_dropped": self.blocks.replays_dropped}}))
