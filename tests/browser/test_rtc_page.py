@@ -110,3 +110,17 @@ async def test_the_page_falls_back_to_sockets_when_webrtc_is_refused(stack, rtc_
         assert await page.is_visible("#screen") and await page.is_hidden("#video")
     finally:
         rtc.limits = limits
+
+
+async def test_the_dashboard_signs_in_from_the_url_fragment_and_forgets_it(stack, browser):
+    ctx = await browser.new_context()
+    page = await ctx.new_page()
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url + " " + str(r.headers.get("referer"))))
+    try:
+        await page.goto(f"{stack.origin}/dashboard#token={ADMIN_TOKEN}")
+        await page.wait_for_function("() => document.getElementById('conn').textContent === 'live'", timeout=WAIT_MS)
+        assert await page.evaluate("location.href") == f"{stack.origin}/dashboard", "the fragment is gone"
+        assert not [r for r in requests if ADMIN_TOKEN in r], "the token was sent in a URL or Referer"
+    finally:
+        await ctx.close()
