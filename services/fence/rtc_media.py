@@ -8,8 +8,9 @@ from the RTCP sender reports, plays them together). The audio track runs without
 frames of the block's samples, or of silence where there are none.
 
 A change of owner is no event here: the new owner's blocks are the next blocks on the same
-timeline, on the same tracks, with no renegotiation. A timeline more than MAX_AHEAD_S ahead (the
-engine faster than real time) starts again at now, dropping what waited, as the WebSocket page does.
+timeline, on the same tracks, with no renegotiation. A timeline more than one block plus MAX_AHEAD_S
+ahead (blocks that came in a burst, or an engine faster than real time) starts again at now, dropping
+what waited: latency does not build up (the WebSocket page allows 2 s of it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ VIDEO_CLOCK = 90_000
 AUDIO_RATE = 16_000
 AUDIO_FRAME = AUDIO_RATE // 50  # 20 ms
 PLAYOUT_DELAY_S = 0.02  # room for the audio of a block, which completes just after its frames
-MAX_AHEAD_S = 2.0
+MAX_AHEAD_S = 0.06  # backlog allowed beyond one block: more is latency a live call should not keep
 LATE_DROP_S = 0.25  # a frame the encoder could not take within this of its time is skipped, not shown late
 
 
@@ -62,6 +63,7 @@ class Playout:
         self.late_frames = 0
         self.first_pts: int | None = None  # the first frame handed to the encoder (its RTP timestamp's origin)
         self.restarts = 0
+        self.skipped_blocks = 0  # blocks dropped whole, unannounced, when a backlog was cut
         self.wake = asyncio.Event()
         self.closed = False
 
@@ -71,7 +73,8 @@ class Playout:
             self.origin = now + PLAYOUT_DELAY_S
         if media.kind == "frames":
             start = max(self.end, now + PLAYOUT_DELAY_S)
-            if start - now > MAX_AHEAD_S:  # far ahead: drop what waits and play this block now
+            if start - now > media.media_s + MAX_AHEAD_S:  # a backlog: drop what waits, play this block now
+                self.skipped_blocks += len({f.block for f in self.frames if f.starts is not None})
                 self.frames.clear()
                 self.audio.clear()
                 self.restarts += 1

@@ -67,8 +67,10 @@ async def test_a_live_move_keeps_the_connection_and_plays_every_block_once(stack
         moved_at = len(viewer.blocks)
         await viewer.wait_for(lambda: len(viewer.blocks) >= moved_at + 2)
         indices = [b["index"] for b in viewer.blocks]
-        assert indices == list(range(indices[0], indices[0] + len(indices))), \
-            f"every block once, none missing, across the move: {indices}"
+        assert indices == sorted(set(indices)), f"every block at most once, in order, across the move: {indices}"
+        missing = indices[-1] - indices[0] + 1 - len(indices)
+        assert missing == viewer.blocks[-1]["skipped_blocks"] - viewer.blocks[0]["skipped_blocks"], \
+            f"a block not shown is one cut from a backlog, and counted: {indices}"
         assert [(o["server_id"], o["version"]) for o in viewer.owners if o["claimed"]][-1] == (other, 2)
         assert viewer.pc.connectionState == "connected" and len(stack.fence.rtc.peers) == 1, \
             "one peer connection throughout"

@@ -104,7 +104,7 @@ sfRtc.timing = function () {
     const pts = (f.rtp - t.offset) >>> 0;
     const hit = t.byPts.get(pts) || t.byPts.get(pts - 1) || t.byPts.get(pts + 1); // rounding of pts
     if (!hit) return pts;
-    if (hit.i === 0 && !(hit.block in t.shownAt)) t.shownAt[hit.block] = f.at;
+    t.shownAt[hit.block] = Math.min(t.shownAt[hit.block] || Infinity, f.at); // the block's first frame seen
     t.frames.push([f.at, pts / 90]); // [wall ms presented, media ms]
     if (t.frames.length > 4000) t.frames.shift();
     return true;

@@ -324,7 +324,7 @@ function draw() {
   }
   if (shown) {
     const at = performance.timeOrigin + now * 1000;
-    if (shown.first) page.timing.shownAt[shown.block] = at;
+    if (!(shown.block in page.timing.shownAt)) page.timing.shownAt[shown.block] = at; // its first frame seen
     page.timing.frames.push([at, shown.at * 1000]); // [wall ms presented, ms it was due]
     if (page.timing.frames.length > 4000) page.timing.frames.shift();
     canvas.width = shown.image.width;
