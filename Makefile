@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,mooncake,wan,pipecat,livekit]' || $(PY) -m pip install -q -e '.[dev,wan,pipecat,livekit]'
+	$(PY) -m pip install -q -e '.[dev,mooncake,wan,webrtc,pipecat,livekit]' || $(PY) -m pip install -q -e '.[dev,wan,webrtc,pipecat,livekit]'
 	@$(MAKE) --no-print-directory espeak
 	@$(MAKE) --no-print-directory ibverbs
 	touch $(STAMP)

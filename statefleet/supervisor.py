@@ -207,7 +207,9 @@ class Supervisor:
             print(f"{c.name:<12} {c.proc.pid:>7}  {where:<28} {c.log_path}")
         page = f"http://127.0.0.1:{self._http_port('admission')}"
         print(f"session page     {page}/session")
-        print(f"fleet dashboard  {page}/dashboard  (admin token in {self.data_dir / admin_token.FILE})")
+        # the admin token in the URL's fragment: a browser never sends a fragment to a server (docs/web.md)
+        fragment = f"#token={self.admin_token}" if self.admin_token else ""
+        print(f"fleet dashboard  {page}/dashboard{fragment}  (admin token in {self.data_dir / admin_token.FILE})")
         ports = sorted(int(c.env["SF_METRICS_PORT"]) for c in self.children)
         where = f"ports {ports[0]}..{ports[-1]}" if ports[-1] else "a free port each (see the logs)"
         print(f"metrics          http://127.0.0.1:PORT/metrics on {where} (Prometheus)")

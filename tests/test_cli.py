@@ -99,7 +99,11 @@ def test_up_status_ping_and_ctrl_c_leaves_nothing(tmp_path):
         assert up.returncode == 0, out
         assert "statefleet stopped" in out
         assert f"session page     http://127.0.0.1:{env['SF_ADMISSION_HTTP_PORT']}/session" in out
-        assert "admin_token" in out and (tmp_path / "var" / "admin_token").read_text().strip() not in out
+        # the token is printed once, as the dashboard URL's fragment (issue 27: one click signs in; a browser
+        # never sends a fragment), and nowhere else
+        token = (tmp_path / "var" / "admin_token").read_text().strip()
+        assert "admin_token" in out and out.count(token) == 1
+        assert f"/dashboard#token={token}  " in out
         time.sleep(0.5)
         assert _pids_alive(tree) == []
     finally:

@@ -7,7 +7,7 @@
   POST /v1/admin/sessions/{id}/move  {"to": host_id, "deadline_s"?} → the mover's receipt (admin token header)
 
 Pages are sent with a Content-Security-Policy that allows only their own scripts
-and the ingress's sockets, so text that reaches a page cannot run as code even if
+and the ingress (its sockets, and its WebRTC offer endpoint), so text that reaches a page cannot run as code even if
 some future change wrote it as HTML (the pages only ever set textContent).
 """
 
@@ -34,7 +34,7 @@ from services.admission.http import _json, _session_id
 
 WEB = Path(__file__).parent / "web"
 STATIC = {"session.js": "text/javascript", "dashboard.js": "text/javascript", "common.js": "text/javascript",
-          "style.css": "text/css"}
+          "rtc.js": "text/javascript", "session_rtc.js": "text/javascript", "style.css": "text/css"}
 FEED_MIN_GAP_S = 0.25
 FEED_IDLE_S = 2.0  # a snapshot at least this often, so ages and dead hosts update
 
@@ -128,7 +128,7 @@ def _csp(ingress_url: str) -> str:
     ingress = urlsplit(ingress_url)
     ws = f"{'wss' if ingress.scheme == 'https' else 'ws'}://{ingress.netloc}"
     return ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
-            f"connect-src 'self' {ws}; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+            f"connect-src 'self' {ws} {ingress.scheme}://{ingress.netloc}; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 def _headers(policy: str) -> dict[str, str]:

@@ -33,6 +33,8 @@ from services.fence.egress import Egress
 from services.fence.gateway import Gateway
 from services.fence.ingress import Ingress
 from services.fence.inputs import InputAppender
+from services.fence.rtc_limits import RtcLimits
+from services.fence.rtc_offer import RtcEndpoint
 from services.fence.sessions import Sessions
 
 # Requests each instance handles at once. Every verb decides by compare-and-set (as it must with
@@ -67,6 +69,14 @@ class FenceConfig(HttpServerConfig, kw_only=True):
     input_max_bytes: PositiveInt = 8 << 30
     input_max_age_s: PositiveFloat = 7 * 24 * 3600.0  # older items go: a session must checkpoint within this
     meta_max_bytes: PositiveInt = 256 << 20
+    # WebRTC viewers (services/fence/rtc_offer.py, docs/web.md): needs the `webrtc` extra
+    rtc_max_peers: PositiveInt = 64
+    rtc_max_peers_per_session: PositiveInt = 4
+    rtc_negotiation_timeout_s: PositiveFloat = 10.0
+    rtc_max_offer_bytes: PositiveInt = 32 * 1024
+    rtc_max_buffered_bytes: PositiveInt = 1 << 20
+    # the only addresses ICE offers and tries (comma-separated); loopback unless fence serves other machines
+    rtc_ice_addresses: str = "127.0.0.1"
 
 
 class FenceService(Service):
@@ -102,8 +112,12 @@ class FenceService(Service):
                           max_item_bytes=cfg.max_item_bytes, max_pending_items=cfg.max_pending_items,
                           origins=Origins(cfg.allowed_origins.split(",")), sockets=sockets,
                           control_rate=ControlRate(per_s=cfg.control_items_per_s, burst=cfg.control_items_burst))
+        app = ingress.app()
+        self.rtc = RtcEndpoint(nc=self.nc, ingress=ingress, origins=ingress.origins,
+                               limits=section(cfg, "rtc_", RtcLimits))
+        self.rtc.add_routes(app)
         self._runner, self.http_port, self.http_guard = await http_limits.serve(
-            ingress.app(), cfg.http_host, cfg.http_port, section(cfg, "http_", HttpLimits), "fence")
+            app, cfg.http_host, cfg.http_port, section(cfg, "http_", HttpLimits), "fence")
         self.log.info("ingress_listening", host=cfg.http_host, port=self.http_port)
 
     async def _assign(self, request: AssignRequest):

@@ -112,8 +112,12 @@ async def browser():
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
+        # WebRTC on loopback only: Chromium leaves loopback out of its candidates unless allowed, and would
+        # announce its host candidates over mDNS multicast unless that is turned off.
         b = await p.chromium.launch(executable_path=chromium_path(),
-                                    args=["--autoplay-policy=no-user-gesture-required", "--mute-audio"])
+                                    args=["--autoplay-policy=no-user-gesture-required", "--mute-audio",
+                                          "--allow-loopback-in-peer-connection",
+                                          "--disable-features=WebRtcHideLocalIpsWithMdns"])
         yield b
         await b.close()
 
@@ -122,3 +126,17 @@ async def browser():
 def artifacts() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
+
+
+async def session_page_in(browser, stack: Stack, *, transport: str):
+    """A new context with the session page open (the tenant's API key filled in, `transport` chosen);
+    the page's uncaught errors collect in `page.errors`."""
+    ctx = await browser.new_context(viewport={"width": 1180, "height": 800})
+    page = await ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.errors = errors
+    await page.goto(f"{stack.origin}/session")
+    await page.select_option("#transport", transport)
+    await page.fill("#apikey", API_KEY)
+    return ctx, page

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.browser.conftest import ADMIN_TOKEN, API_KEY
+from tests.browser.conftest import ADMIN_TOKEN, session_page_in
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 XSS = '<img src=x onerror="window.__xss = 1">'
@@ -20,13 +20,7 @@ WAIT_MS = 20_000
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def session_page(stack, browser):
-    ctx = await browser.new_context(viewport={"width": 1180, "height": 800})
-    page = await ctx.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.errors = errors
-    await page.goto(f"{stack.origin}/session")
-    await page.fill("#apikey", API_KEY)
+    ctx, page = await session_page_in(browser, stack, transport="websocket")  # test_rtc_page.py: WebRTC
     yield page
     await ctx.close()
 

@@ -16,6 +16,15 @@ $("auth").addEventListener("submit", (ev) => {
   connect();
 });
 
+// `statefleet up` prints this page's URL with the admin token in its fragment (#token=...), so one click
+// signs in. A fragment never reaches a server, a log or a Referer (the page also sends no-referrer); it is
+// taken into memory and removed from the address bar and history at once.
+(function tokenFromFragment() {
+  const token = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (location.hash) history.replaceState(null, "", location.pathname + location.search);
+  if (token) { dash.token = token; connect(); }
+})();
+
 function connect() {
   if (dash.ws) { dash.ws.onclose = null; dash.ws.close(); }
   const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/admin/feed`);

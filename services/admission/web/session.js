@@ -1,5 +1,7 @@
-// The session page: create a session, send it input over fence's ingress socket, and show its output
-// (frames on the canvas at their real rate, audio through Web Audio) with latency, period, RTF and owner.
+// The session page: create a session, send it input and show its output with latency, period, RTF and
+// owner. Over WebRTC where the browser and fence can (rtc.js: video and audio tracks, input and events on
+// the data channel), else over fence's ingress sockets (frames on the canvas at their real rate, audio
+// through Web Audio); the page says which it uses.
 // The input token lives only in this page's memory: never in a URL, storage or a log.
 "use strict";
 
@@ -20,6 +22,8 @@ const page = {
   frames: [], nextFrameAt: 0, // decoded frames waiting for their time on the canvas
   audio: null, audioNext: 0,
   owner: null, keys: new Set(), mouse: [0, 0],
+  rtc: null, pending: new Map(), // the WebRTC connection; its items sent and not yet answered, by id
+  transport: "", wsBytes: 0, timing: { shownAt: {}, frames: [], skews: [] }, // what the WebSocket path presents
 };
 window.sfPage = page; // for the browser tests and the curious: read-only use
 
@@ -61,7 +65,8 @@ $("create").addEventListener("submit", async (ev) => {
 function open(created) {
   closeSockets();
   Object.assign(page, { session: created, lastBlock: 0, blocksShown: 0, replays: 0, reconnects: 0, refused: false,
-                        frames: [], parts: new Map(), latencies: [], sentAt: new Map(), owner: null });
+                        frames: [], parts: new Map(), latencies: [], sentAt: new Map(), owner: null,
+                        pending: new Map(), wsBytes: 0, timing: { shownAt: {}, frames: [], skews: [] } });
   $("owners").replaceChildren();
   $("sent").replaceChildren();
   $("title").textContent = `Stream · ${created.backend} · ${created.session_id}`;
@@ -70,8 +75,8 @@ function open(created) {
   $("world-input").hidden = !world;
   $("say").disabled = $("say-btn").disabled = world;
   $("create-btn").disabled = false;
-  connectInput();
-  connectOutput();
+  if ($("transport").value === "auto" && sfRtc.supported()) connectRtc(created);
+  else connectSockets("WebSocket" + (sfRtc.supported() ? "" : " (this browser has no WebRTC)"));
   if (world) canvas.focus();
   else $("say").focus();
 }
@@ -79,6 +84,17 @@ function open(created) {
 function closeSockets() {
   for (const ws of [page.input, page.output]) if (ws) { ws.onclose = null; ws.close(); }
   page.input = page.output = null;
+  if (page.rtc) page.rtc.close();
+  page.rtc = null;
+}
+
+function coverInputs(inputSeq, now) {
+  for (const [seq, at] of page.sentAt) {
+    if (seq > inputSeq) continue;
+    page.latencies.push(now - at);
+    page.sentAt.delete(seq);
+    sf.setText("latency", sf.ms(now - at));
+  }
 }
 
 // ---------------------------------------------------------------- input (fence ingress /ws)
@@ -100,15 +116,7 @@ function connectInput() {
       return;
     }
     if (!ws.ready) return refused(msg.error);
-    const sent = page.unanswered.shift();
-    if (!sent) return;
-    if (msg.seq !== undefined) {
-      page.sentAt.set(msg.seq, sent.at);
-      sent.row.lastChild.textContent = `seq ${msg.seq}${msg.duplicate ? " (resent)" : ""}`;
-    } else if (msg.error) {
-      sent.row.lastChild.textContent = `refused: ${msg.error.detail || msg.error.code}`;
-      sent.row.lastChild.className = "bad";
-    }
+    answered(page.unanswered.shift(), msg);
   };
   ws.onclose = (ev) => {
     if (page.input !== ws) return;
@@ -128,7 +136,24 @@ function send(kind, data, label) {
   sendItem({ body: { kind, data, id: crypto.randomUUID() }, row, at: 0 });
 }
 
+function answered(sent, msg) {
+  if (!sent) return;
+  page.pending.delete(sent.body.id);
+  if (msg.seq !== undefined) {
+    page.sentAt.set(msg.seq, sent.at);
+    sent.row.lastChild.textContent = `seq ${msg.seq}${msg.duplicate ? " (resent)" : ""}`;
+  } else if (msg.error) {
+    sent.row.lastChild.textContent = `refused: ${msg.error.detail || msg.error.code}`;
+    sent.row.lastChild.className = "bad";
+  }
+}
+
 function sendItem(item) {
+  if (page.rtc) {
+    item.at = performance.now() / 1000;
+    page.pending.set(item.body.id, item);
+    return page.rtc.send(item.body);
+  }
   const ws = page.input;
   if (!ws || !ws.ready || ws.readyState !== WebSocket.OPEN) { page.outbox.push(item); return; }
   item.at = performance.now() / 1000;
@@ -151,8 +176,10 @@ function sendAction() {
   send("action", data, null);
   for (const k of document.querySelectorAll("kbd[data-key]")) k.classList.toggle("down", page.keys.has(k.dataset.key));
 }
-canvas.addEventListener("keydown", (ev) => keyChange(ev, true));
-canvas.addEventListener("keyup", (ev) => keyChange(ev, false));
+for (const screen of [canvas, $("video")]) {
+  screen.addEventListener("keydown", (ev) => keyChange(ev, true));
+  screen.addEventListener("keyup", (ev) => keyChange(ev, false));
+}
 function keyChange(ev, down) {
   const key = WORLD_KEYS[ev.key.toLowerCase()];
   if (!key || !page.session || page.session.backend !== "world") return;
@@ -177,6 +204,7 @@ function connectOutput() {
   ws.ready = false;
   ws.onopen = () => ws.send(JSON.stringify({ type: "auth", token: created.input_token }));
   ws.onmessage = (ev) => {
+    page.wsBytes += typeof ev.data === "string" ? ev.data.length : ev.data.byteLength;
     if (typeof ev.data !== "string") return onChunk(sf.unpack(ev.data));
     const msg = JSON.parse(ev.data);
     if (msg.authenticated) { ws.ready = true; page.outputAttempt = 0; showConnection(); }
@@ -202,7 +230,7 @@ function refused(error) {
 function showConnection() {
   if (page.refused) return;
   const up = (ws) => ws && ws.ready && ws.readyState === WebSocket.OPEN;
-  const both = up(page.input) && up(page.output);
+  const both = (page.rtc && page.rtc.channel.readyState === "open") || (up(page.input) && up(page.output));
   $("conn").textContent = both ? "connected" : "reconnecting…";
   $("conn").className = `status ${both ? "ok" : "warn"}`;
   sf.setText("reconnects", page.reconnects);
@@ -248,23 +276,19 @@ async function showBlock(index, block) {
     if (meta.media_s > 0) sf.setText("rtf", (period / meta.media_s).toFixed(2));
   }
   page.lastArrival = now;
-  for (const [seq, at] of page.sentAt) {
-    if (seq > meta.input_seq) continue;
-    page.latencies.push(now - at);
-    page.sentAt.delete(seq);
-    sf.setText("latency", sf.ms(now - at));
-  }
+  coverInputs(meta.input_seq, now);
   const [n, , h, w] = meta.shape;
   sf.setText("frame-size", `${w}×${h}`);
   // the block's time on screen is taken now, in block order, whatever order the decodes finish in
   const step = meta.media_s > 0 ? meta.media_s / n : 0;
   const start = Math.max(page.nextFrameAt, now);
   page.nextFrameAt = start + n * step;
-  if (block.audio.length) playAudio(block.audio, meta.media_s);
+  const heard = block.audio.length ? playAudio(block.audio, meta.media_s) : null;
+  if (heard !== null) page.timing.skews.push((heard - start) * 1000); // audio start after first frame, ms
   page.blocksShown++;
   sf.setText("blocks", page.blocksShown);
   const images = await decodeFrames(block.frames, n, h, w);
-  images.forEach((image, i) => page.frames.push({ at: start + i * step, image }));
+  images.forEach((image, i) => page.frames.push({ at: start + i * step, image, block: index, first: i === 0 }));
   page.frames.sort((a, b) => a.at - b.at);
 }
 
@@ -299,6 +323,10 @@ function draw() {
     page.nextFrameAt = now;
   }
   if (shown) {
+    const at = performance.timeOrigin + now * 1000;
+    if (!(shown.block in page.timing.shownAt)) page.timing.shownAt[shown.block] = at; // its first frame seen
+    page.timing.frames.push([at, shown.at * 1000]); // [wall ms presented, ms it was due]
+    if (page.timing.frames.length > 4000) page.timing.frames.shift();
     canvas.width = shown.image.width;
     canvas.height = shown.image.height;
     ctx2d.drawImage(shown.image, 0, 0);
@@ -320,7 +348,7 @@ function playAudio(parts, mediaS) {
   const rate = mediaS > 0 ? Math.round(samples.length / mediaS) : 16000;
   sf.setText("audio", `${(rate / 1000).toFixed(0)} kHz`);
   const ac = page.audio;
-  if (!ac || ac.state !== "running" || !samples.length) return;
+  if (!ac || ac.state !== "running" || !samples.length) return null;
   const buffer = ac.createBuffer(1, samples.length, rate);
   const out = buffer.getChannelData(0);
   for (let i = 0; i < samples.length; i++) out[i] = samples[i] / 32768;
@@ -330,7 +358,9 @@ function playAudio(parts, mediaS) {
   page.audioNext = Math.max(page.audioNext, ac.currentTime + 0.05);
   if (page.audioNext - ac.currentTime > MAX_BACKLOG_S) page.audioNext = ac.currentTime + 0.05;
   source.start(page.audioNext);
+  const starts = performance.now() / 1000 + (page.audioNext - ac.currentTime); // on the page's clock
   page.audioNext += buffer.duration;
+  return starts;
 }
 
 function concat(arrays) {

@@ -1,0 +1,187 @@
+"""One viewer's playout: blocks placed on a wall-clock timeline, played by a video and an audio track.
+
+Block k starts at `W_k = max(end of block k-1, now + PLAYOUT_DELAY_S)`: back to back while the
+engine keeps real time, at once (a gap, not a backlog) when it falls behind. Its frames are handed to
+the encoder at `W_k + i * media_s / frames`, its audio samples from the sample at `W_k`; both tracks'
+timestamps count from one origin, so audio and video of a block leave together (and the browser,
+from the RTCP sender reports, plays them together). The audio track runs without a pause: 20 ms
+frames of the block's samples, or of silence where there are none.
+
+A change of owner is no event here: the new owner's blocks are the next blocks on the same
+timeline, on the same tracks, with no renegotiation. A timeline more than one block plus MAX_AHEAD_S
+ahead (blocks that came in a burst, or an engine faster than real time) starts again at now, dropping
+what waited: latency does not build up (the WebSocket page allows 2 s of it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fractions
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from services.fence.rtc_blocks import BlockMedia
+
+VIDEO_CLOCK = 90_000
+AUDIO_RATE = 16_000
+AUDIO_FRAME = AUDIO_RATE // 50  # 20 ms
+PLAYOUT_DELAY_S = 0.02  # room for the audio of a block, which completes just after its frames
+MAX_AHEAD_S = 0.06  # backlog allowed beyond one block: more is latency a live call should not keep
+LATE_DROP_S = 0.25  # a frame the encoder could not take within this of its time is skipped, not shown late
+
+
+@dataclass(slots=True)
+class _Frame:
+    at: float  # wall time (loop clock) it is due
+    pts: int  # 90 kHz
+    image: np.ndarray  # [H, W, 3]
+    block: int
+    starts: BlockMedia | None  # on the first frame of a block: its media (the data-channel message goes with it)
+
+
+OnBlockStart = Callable[[BlockMedia, int], None]  # (the block's frames, its first frame's pts)
+
+
+class Playout:
+    """The timeline both tracks of one peer connection read from."""
+
+    def __init__(self, on_block_start: OnBlockStart, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.on_block_start = on_block_start
+        self.origin: float | None = None  # wall time of pts 0 (both tracks)
+        self.end = 0.0  # wall time the last placed block ends
+        self.starts: dict[int, float] = {}  # block → its W_k, for audio that completes after its frames
+        self.frames: collections.deque[_Frame] = collections.deque()
+        self.audio: collections.deque[tuple[int, np.ndarray]] = collections.deque()  # (first sample, samples)
+        self.late_frames = 0
+        self.first_pts: int | None = None  # the first frame handed to the encoder (its RTP timestamp's origin)
+        self.restarts = 0
+        self.skipped_blocks = 0  # blocks dropped whole, unannounced, when a backlog was cut
+        self.wake = asyncio.Event()
+        self.closed = False
+
+    def place(self, media: BlockMedia) -> None:
+        now = self.clock()
+        if self.origin is None:
+            self.origin = now + PLAYOUT_DELAY_S
+        if media.kind == "frames":
+            start = max(self.end, now + PLAYOUT_DELAY_S)
+            if start - now > media.media_s + MAX_AHEAD_S:  # a backlog: drop what waits, play this block now
+                self.skipped_blocks += len({f.block for f in self.frames if f.starts is not None})
+                self.frames.clear()
+                self.audio.clear()
+                self.restarts += 1
+                start = now + PLAYOUT_DELAY_S
+            n = media.frames.shape[0]
+            step = media.media_s / n if media.media_s > 0 and n else 1 / 25
+            self.end = start + n * step
+            self.starts[media.block] = start
+            for b in [b for b in self.starts if b < media.block - 4]:
+                del self.starts[b]
+            for i in range(n):
+                at = start + i * step
+                self.frames.append(_Frame(at, round((at - self.origin) * VIDEO_CLOCK), media.frames[i], media.block,
+                                          media if i == 0 else None))
+        elif media.block in self.starts:
+            samples = media.audio
+            if media.sample_rate != AUDIO_RATE and samples.size:  # one rate per track: resample linearly
+                n = round(samples.size * AUDIO_RATE / media.sample_rate)
+                samples = np.interp(np.linspace(0, samples.size - 1, n), np.arange(samples.size),
+                                    samples).astype(np.int16)
+            first = round((self.starts[media.block] - self.origin) * AUDIO_RATE)
+            self.audio.append((first, samples))
+        self.wake.set()
+
+    async def next_frame(self) -> _Frame:
+        """The next frame, at its time; frames whose time passed by LATE_DROP_S are skipped."""
+        while True:
+            while not self.frames:
+                if self.closed:
+                    raise MediaStreamError
+                self.wake.clear()
+                await self.wake.wait()
+            frame = self.frames[0]
+            delay = frame.at - self.clock()
+            if delay > 0:
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), delay)  # woken early: the timeline may have restarted
+                except TimeoutError:
+                    pass
+                continue
+            self.frames.popleft()
+            if frame.starts is not None:  # announced even if its first frame is skipped: the rest still play
+                self.on_block_start(frame.starts, frame.pts)
+            if -delay > LATE_DROP_S and self.frames:
+                self.late_frames += 1
+                continue
+            if self.first_pts is None:
+                self.first_pts = frame.pts
+            return frame
+
+    def audio_at(self, first: int, n: int) -> np.ndarray:
+        """Samples [first, first + n): the placed audio where there is some, silence elsewhere."""
+        out = np.zeros(n, dtype=np.int16)
+        while self.audio and self.audio[0][0] + self.audio[0][1].size <= first:
+            self.audio.popleft()
+        for start, samples in self.audio:
+            if start >= first + n:
+                break
+            lo, hi = max(start, first), min(start + samples.size, first + n)
+            if lo < hi:
+                out[lo - first:hi - first] = samples[lo - start:hi - start]
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+
+class BlockVideoTrack(MediaStreamTrack):
+    kind = "video"
+
+    def __init__(self, playout: Playout) -> None:
+        super().__init__()
+        self.playout = playout
+
+    async def recv(self) -> av.VideoFrame:
+        frame = await self.playout.next_frame()
+        out = av.VideoFrame.from_ndarray(frame.image, format="rgb24")
+        out.pts, out.time_base = frame.pts, fractions.Fraction(1, VIDEO_CLOCK)
+        return out
+
+
+class BlockAudioTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(self, playout: Playout) -> None:
+        super().__init__()
+        self.playout = playout
+        self.sample = 0  # the next frame's first sample, counted from the playout's origin
+
+    async def recv(self) -> av.AudioFrame:
+        p = self.playout
+        while p.origin is None:  # nothing placed yet: no timeline to play
+            if p.closed:
+                raise MediaStreamError
+            p.wake.clear()
+            await p.wake.wait()
+        delay = p.origin + self.sample / AUDIO_RATE - p.clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        elif -delay > LATE_DROP_S:  # the loop stalled: skip ahead rather than play a backlog late
+            self.sample = round((p.clock() - p.origin) * AUDIO_RATE)
+        if p.closed:
+            raise MediaStreamError
+        samples = p.audio_at(self.sample, AUDIO_FRAME)
+        out = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        out.sample_rate, out.pts, out.time_base = AUDIO_RATE, self.sample, fractions.Fraction(1, AUDIO_RATE)
+        self.sample += AUDIO_FRAME
+        return out
