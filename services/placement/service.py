@@ -137,6 +137,9 @@ class PlacementService(Service):
     def live_hosts(self) -> list[EngineEntry]:
         return self.view.live_hosts()
 
+    def owned(self, host_id: str) -> list[SessionSummary]:
+        return self.view.owned(host_id)
+
     # ------------------------------------------------------------ liveness
 
     def _on_engine(self, host_id: str, entry: EngineEntry | None) -> None:

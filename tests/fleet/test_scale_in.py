@@ -6,8 +6,6 @@ from __future__ import annotations
 import signal
 import time
 
-import msgspec
-
 from libs.contracts import Guard
 from services.placement.policy import Release
 from services.placement.provisioning.sim import SimProvisioner
@@ -46,12 +44,12 @@ async def test_scale_in_never_drops_a_session_nor_releases_a_host_that_owns_one(
 
     # The release guard on its own: a draining host that owns a session is not given back.
     lead = stack.placements[0]
-    await lead.records.change(placed["b"], lambda r: _with_state(r, "draining"))
+    await lead.reservations.set_state(placed["b"], "draining")
     why = await lead.fleet.releasable(placed["b"])
     assert why in ("it holds 1 reservations", "its heartbeat shows 1 sessions", "it owns session b")
     await lead.fleet._release(Release(host_id=placed["b"]))
     assert prov.managed() == set(hosts) and not stopped_with
-    await lead.records.change(placed["b"], lambda r: _with_state(r, "up"))
+    await lead.reservations.set_state(placed["b"], "up")
 
     configure(stack, fleet_control=True)
 
@@ -69,6 +67,3 @@ async def test_scale_in_never_drops_a_session_nor_releases_a_host_that_owns_one(
         check_log(await read_log(stack.js, sid))
     assert prov.managed() == {kept}  # and the last host is never given back (min_hosts = 1)
 
-
-def _with_state(record, state: str):
-    return msgspec.structs.replace(record, state=state)
