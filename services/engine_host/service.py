@@ -127,12 +127,14 @@ def backend_tables(value: dict[str, dict[str, Any]] | str) -> dict[str, dict[str
 
 def torch_thread_count(configured: int, device: torch.device, device_hosts: int) -> int:
     """As configured, else on a CPU the cores this process may run on split between the hosts that
-    share them (at least one each), else one (a GPU host's CPU threads only feed the device)."""
+    share them and the quanta each runs at once (at least one each), else one (a GPU host's CPU
+    threads only feed the device). Measured on the 2-core VM under load: a world block took 135 ms
+    with torch's default two threads per stage thread and 15 ms with one (docs/admission.md)."""
     if configured:
         return configured
     if device.type != "cpu":
         return 1
-    return max(1, len(os.sched_getaffinity(0)) // device_hosts)
+    return max(1, len(os.sched_getaffinity(0)) // (device_hosts * MAX_IN_FLIGHT))
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
