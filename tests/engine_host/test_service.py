@@ -57,8 +57,9 @@ async def test_registers_with_measured_profile_and_load(host, nc):
     assert entry.device == "cpu" and entry.memory_bytes > 0
     rows = {(r.backend, r.tier): r for r in entry.profile}
     assert set(rows) == ({("world", t) for t in (1, 2, 4)} | {("avatar", t) for t in (1, 2, 4, 8)}
-                         | {("dit", t) for t in (1, 2, 3, 4)})
-    assert {b.name for b in entry.backends} == {"world", "avatar", "dit"}
+                         | {("dit", t) for t in (1, 2, 3, 4)} | {("talking_head", t) for t in (1, 2)})
+    assert {b.name for b in entry.backends} == {"world", "avatar", "dit", "talking_head"}
+    assert rows[("talking_head", 1)].input_kinds == ["audio", "clear", "segment_end"]
     dit = next(b for b in entry.backends if b.name == "dit")
     assert dit.rebuildable_bytes > 0 and dit.static_bytes > 0 and rows[("dit", 4)].moved_bytes == dit.moved_bytes
     assert 0 < rows[("dit", 4)].dirty_bytes_per_block < dit.moved_bytes
