@@ -102,6 +102,7 @@ async def view(browser, stack: UpStack, created: dict, transport: str, seconds: 
 
 
 async def run(quick: bool) -> dict:
+    from playwright.async_api import Error as PlaywrightError
     from playwright.async_api import async_playwright
 
     from tests.browser.conftest import chromium_path
@@ -127,7 +128,10 @@ async def run(quick: bool) -> dict:
                     sub = await nc.subscribe(names.output_subject(created["session_id"]), cb=on_chunk)
                     order = ("auto", "websocket") if r % 2 == 0 else ("websocket", "auto")
                     for transport in order:
-                        figures = await view(browser, stack, created, transport, seconds, published)
+                        try:
+                            figures = await view(browser, stack, created, transport, seconds, published)
+                        except PlaywrightError as e:  # a view that never got going: said, not averaged in
+                            figures = {"failed": str(e).splitlines()[0]}
                         per["webrtc" if transport == "auto" else "websocket"].append(figures)
                         print(f"round {r} {transport}: {figures}", flush=True)
                     await sub.unsubscribe()
@@ -153,9 +157,10 @@ async def run(quick: bool) -> dict:
 def summary(rows: list[dict]) -> dict:
     out = {}
     for k in (*KEYS, "blocks", "frames", "unmatched_frames"):
-        values = [r[k] for r in rows if r[k] is not None and r[k] == r[k]]
+        values = [r[k] for r in rows if r.get(k) is not None and r[k] == r[k]]
         out[k] = statistics.median(values) if values else None
     out["rounds"] = rows
+    out["failed_views"] = sum("failed" in r for r in rows)
     return out
 
 
