@@ -58,4 +58,5 @@ class Resampler:
         out = np.interp(at, np.arange(buf.size), buf)
         self._pos += n * self.step - x.size
         self._prev = float(x[-1])
-        return np.clip(np.round(out), -32768, 32767).astype(np.int16)
+        clipped: np.ndarray = np.clip(np.round(out), -32768, 32767).astype(np.int16)
+        return clipped

@@ -15,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import msgspec
 import numpy as np
-from aiortc import RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from libs import rtc_ice
 from libs.tasks import STOP_TIMEOUT_S, cancel_and_wait
@@ -42,18 +44,18 @@ class RtcViewer:
     audio: bool = True
     frames: list[Received] = field(default_factory=list)
     sound: list[Received] = field(default_factory=list)
-    blocks: list[dict] = field(default_factory=list)
-    owners: list[dict] = field(default_factory=list)
-    hello: dict | None = None
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    owners: list[dict[str, Any]] = field(default_factory=list)
+    hello: dict[str, Any] | None = None
     peer_id: str = ""
 
     def __post_init__(self) -> None:
         self.pc: RTCPeerConnection | None = None
-        self.channel = None
+        self.channel: RTCDataChannel | None = None
         self.opened = asyncio.Event()
         self.changed = asyncio.Event()
-        self._acks: asyncio.Queue[dict] = asyncio.Queue()
-        self._tasks: list[asyncio.Task] = []
+        self._acks: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def connect(self, *, timeout_s: float = 30.0) -> None:
         rtc_ice.offer_only(self.addresses)
@@ -61,9 +63,9 @@ class RtcViewer:
         pc.addTransceiver("video", direction="recvonly")
         if self.audio:
             pc.addTransceiver("audio", direction="recvonly")
-        self.channel = pc.createDataChannel("sf")
-        self.channel.on("open", self.opened.set)
-        self.channel.on("message", self._message)
+        self.channel = channel = pc.createDataChannel("sf")
+        channel.on("open", self.opened.set)
+        channel.on("message", self._message)
         pc.on("track", self._track)
         try:
             await pc.setLocalDescription(await pc.createOffer())
@@ -78,12 +80,13 @@ class RtcViewer:
             await pc.close()
             raise
 
-    async def send(self, item: dict, *, timeout_s: float = 30.0) -> dict:
+    async def send(self, item: dict[str, Any], *, timeout_s: float = 30.0) -> dict[str, Any]:
         """Send one input item; its answer (answers come in order)."""
+        assert self.channel is not None, "connect first"
         self.channel.send(msgspec.json.encode(item).decode())
         return await asyncio.wait_for(self._acks.get(), timeout_s)
 
-    async def wait_for(self, predicate, *, timeout_s: float = 60.0) -> None:
+    async def wait_for(self, predicate: Callable[[], bool], *, timeout_s: float = 60.0) -> None:
         async def poll() -> None:
             while not predicate():
                 self.changed.clear()
@@ -95,8 +98,8 @@ class RtcViewer:
         if self.pc is not None:
             await self.pc.close()
 
-    def _message(self, data) -> None:
-        msg = msgspec.json.decode(data)
+    def _message(self, data: str | bytes) -> None:
+        msg: dict[str, Any] = msgspec.json.decode(data)
         if "block" in msg:
             self.blocks.append(msg["block"] | {"received_at": time.time()})
         elif "owner" in msg:
@@ -107,22 +110,22 @@ class RtcViewer:
             self.hello = msg["hello"]
         self.changed.set()
 
-    def _track(self, track) -> None:
+    def _track(self, track: MediaStreamTrack) -> None:
         self._tasks.append(asyncio.create_task(self._read(track)))
 
-    async def _read(self, track) -> None:
+    async def _read(self, track: MediaStreamTrack) -> None:
         into = self.frames if track.kind == "video" else self.sound
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
-                values = frame.to_ndarray()
+                values = frame.to_ndarray()  # type: ignore[union-attr]  # a track yields frames, never packets
                 level = float(values.mean()) if track.kind == "video" else \
                     float(np.sqrt(np.mean(values.astype(np.float64) ** 2)))
                 into.append(Received(time.time(), int(frame.pts or 0), level))
                 self.changed.set()
 
 
-async def offer(url: str, token: str, sdp: str | bytes, *, content: bytes | None = None) -> tuple[int, dict]:
+async def offer(url: str, token: str, sdp: str | bytes, *, content: bytes | None = None) -> tuple[int, dict[str, Any]]:
     """POST an offer (or, with `content`, any body); the status and the JSON answer or problem."""
     body = content if content is not None else msgspec.json.encode({"type": "offer", "sdp": sdp})
     async with aiohttp.ClientSession() as http, http.post(

@@ -16,7 +16,7 @@ from libs.schemas.voice import AudioChunk, ClearItem, SegmentEnd
 
 CONTROL_KINDS = frozenset({"clear", "segment_end"})
 _chunk = msgspec.json.Decoder(AudioChunk | str)
-_controls: dict[str, msgspec.json.Decoder] = {"clear": msgspec.json.Decoder(ClearItem),
+_controls: dict[str, msgspec.json.Decoder[ClearItem] | msgspec.json.Decoder[SegmentEnd]] = {"clear": msgspec.json.Decoder(ClearItem),
                                               "segment_end": msgspec.json.Decoder(SegmentEnd)}
 
 
@@ -63,7 +63,7 @@ def control(kind: str, data: bytes, **where: Any) -> ClearItem | SegmentEnd:
         raise SchemaError(f"{kind} data: {e}", field="data", **where) from None
     if msg.v != 1:
         raise SchemaError(f"{kind} v{msg.v} is not supported (1)", field="data.v", **where)
-    return msg
+    return msg  # type: ignore[no-any-return]  # one of the two decoders above
 
 
 def audio_item_bytes(max_samples: int) -> int:

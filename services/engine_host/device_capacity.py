@@ -55,7 +55,7 @@ class DeviceCapacityKeeper:
             e = await self.kv.get(self.key)
         except nats.js.errors.KeyNotFoundError:
             return None, 0
-        return (decode(e.value, DeviceCapacity) if e.value else None), e.revision
+        return (decode(e.value, DeviceCapacity) if e.value else None), e.revision or 0
 
     async def _write(self, rec: DeviceCapacity, revision: int) -> int | None:
         """CAS: the new revision, or None if another host wrote first."""

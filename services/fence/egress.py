@@ -20,6 +20,7 @@ import asyncio
 import collections
 import contextlib
 import weakref
+from typing import Protocol
 
 import msgspec
 import nats.errors
@@ -150,10 +151,14 @@ class Egress:
                 return  # a viewer that stopped reading is dropped, not waited for
 
 
+class _TextSink(Protocol):
+    def text(self, data: str) -> None: ...
+
+
 class _OwnerChanges:
     """Turns log views into one owner message per change of owner, claim or closing."""
 
-    def __init__(self, box: Outbox) -> None:
+    def __init__(self, box: _TextSink) -> None:
         self.box = box
         self.last: tuple | None = None
 

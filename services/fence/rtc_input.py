@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import structlog
@@ -47,6 +48,7 @@ class ChannelInput:
         while True:
             body = await self._bodies.get()
             item_id = _item_id(body) if isinstance(body, bytes) else None
+            answer: errors.StatefleetError | asyncio.Future[Any]
             if isinstance(body, errors.StatefleetError):
                 answer = body
             else:

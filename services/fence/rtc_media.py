@@ -79,6 +79,7 @@ class Playout:
                 self.audio.clear()
                 self.restarts += 1
                 start = now + PLAYOUT_DELAY_S
+            assert media.frames is not None
             n = media.frames.shape[0]
             step = media.media_s / n if media.media_s > 0 and n else 1 / 25
             self.end = start + n * step
@@ -91,6 +92,7 @@ class Playout:
                                           media if i == 0 else None))
         elif media.block in self.starts:
             samples = media.audio
+            assert samples is not None  # a block placed for its audio has audio
             if media.sample_rate != AUDIO_RATE and samples.size:  # one rate per track: resample linearly
                 n = round(samples.size * AUDIO_RATE / media.sample_rate)
                 samples = np.interp(np.linspace(0, samples.size - 1, n), np.arange(samples.size),

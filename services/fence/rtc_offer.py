@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
@@ -29,6 +30,9 @@ from libs.ws_auth import Origins
 from services.fence.ingress import Ingress, _bearer
 from services.fence.problems import problem
 from services.fence.rtc_limits import CONNECTED, OPEN, REFUSED, RtcLimits
+
+if TYPE_CHECKING:  # aiortc is an optional extra: the module is imported only when an offer comes
+    from services.fence.rtc_peer import Peer
 
 _log = structlog.get_logger("statefleet.fence.rtc")
 PATH = "/v1/sessions/{session_id}/rtc"
@@ -42,7 +46,7 @@ class Offer(msgspec.Struct, forbid_unknown_fields=True):
 class RtcEndpoint:
     def __init__(self, *, nc, ingress: Ingress, origins: Origins, limits: RtcLimits) -> None:
         self.nc, self.ingress, self.origins, self.limits = nc, ingress, origins, limits
-        self.peers: dict[str, object] = {}  # peer_id → Peer
+        self.peers: dict[str, Peer] = {}
         self.by_session: collections.Counter[str] = collections.Counter()
         self._ice_set = False
 
@@ -174,7 +178,7 @@ def _sdp_problem(offer: Offer) -> str:
     if len(kinds) > 3:
         return "an offer has at most one video, one audio and one data-channel section"
     for m in parsed.media:
-        if not (m.ice.usernameFragment and m.ice.password) or m.dtls is None or not m.dtls.fingerprints:
+        if m.ice is None or not (m.ice.usernameFragment and m.ice.password) or m.dtls is None or not m.dtls.fingerprints:
             return f"the {m.kind} section lacks ICE credentials or a DTLS fingerprint"
     return ""
 

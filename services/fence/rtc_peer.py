@@ -59,7 +59,7 @@ class Peer:
         self.blocks = BlockAssembler(self._media)
         self.channel = None
         self.input: ChannelInput | None = None
-        self.owner: dict | None = None  # the latest owner message, sent when the channel opens
+        self.owner: str | None = None  # the latest owner message, sent when the channel opens
         self._owners = _OwnerChanges(self)  # calls self.text(json) once per change
         self._arrived: dict[int, float] = {}
         self._subs: list = []
@@ -145,6 +145,7 @@ class Peer:
             self.playout.place(media)
 
     def _block_started(self, media: BlockMedia, pts: int) -> None:
+        assert media.frames is not None  # playout starts blocks from their frames
         n = media.frames.shape[0]
         owner = self._owners.last
         self.text(msgspec.json.encode({"block": {

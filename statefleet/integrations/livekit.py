@@ -33,6 +33,7 @@ from livekit.agents.voice.avatar import (
 )
 
 from libs.schemas.engine import AUDIO_SAMPLE_RATE
+from libs.schemas.voice import VoiceEvent
 from statefleet.client import AvatarStream
 
 FPS = 25.0  # the talking head's default; the generator follows each block's own media length
@@ -43,7 +44,7 @@ class StatefleetVideoGenerator(VideoGenerator):
         self.stream = stream
         self.segments: set[int] = set()  # segment ends sent, not yet played out
         self.cleared = 0
-        self.last_cleared = None  # the last `cleared` event (its playback position, what it dropped)
+        self.last_cleared: VoiceEvent | None = None  # the last `cleared` event (its playback position, what it dropped)
 
     async def push_audio(self, frame: rtc.AudioFrame | AudioSegmentEnd) -> None:
         if isinstance(frame, AudioSegmentEnd):

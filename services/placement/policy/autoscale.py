@@ -49,7 +49,8 @@ def _lead_hosts(plan: Plan, opens: list[HostLoad], load: float, aim: float) -> i
 
 def cap_load(plan: Plan, opens: list[HostLoad], queued: list[Session]) -> tuple[float, float]:
     """With a latency cap, demand in hosts at the cap (`latency.cap_weight` per session): (resident, queued)."""
-    p, weights = plan.params, {}
+    p = plan.params
+    weights: dict[int, float] = {}
     for hl in opens:
         plan.open_up(hl)
     waiting_terms = [next((t for hl in opens if (t := plan.term(s, hl)) is not None), None) for s in queued]

@@ -44,7 +44,7 @@ def device_load(cap: DeviceCapacity, kinds: list[Kind]) -> float:
     return cm.load(cap, cm.merge(kinds))
 
 
-def relieve(plan: Plan, guard: Guard, *, admit: Callable = admissible,
+def relieve(plan: Plan, guard: Guard, *, admit: Callable[..., bool] = admissible,
             receiver_limit: int = 4) -> tuple[list[Move | Suspend | Requeue], list[Refusal]]:
     """The actions that bring every overloaded device back within `1 − guard` at its measured capacity.
     A session that could move but finds every receiver busy this round is given up by nobody: the next
@@ -94,7 +94,7 @@ def relieve(plan: Plan, guard: Guard, *, admit: Callable = admissible,
     return actions, refusals
 
 
-def _move(plan: Plan, s: Session, src: HostLoad, others: list[HostLoad], admit: Callable,
+def _move(plan: Plan, s: Session, src: HostLoad, others: list[HostLoad], admit: Callable[..., bool],
           receiver_limit: int) -> Move | Refusal:
     reason = "no_fit"
     for dst in sorted(others, key=lambda h: (h.busy, h.host_id)):

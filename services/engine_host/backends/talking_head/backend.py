@@ -150,6 +150,7 @@ class TalkingHeadBackend:
         return carries
 
     def decode(self, state: dict, carry: Carry) -> Output:
+        assert carry.motion is not None  # set by denoise, which every block runs before decode
         frames = self.face.render(state["face"], carry.motion, carry.feats)
         events = [msgspec.json.encode(e) for e in carry.events]
         return Output(frames=frames.cpu(), audio=carry.audio, events=events)

@@ -51,7 +51,8 @@ def rope_tables(a: Arch, f0: int, frames: int, device: torch.device) -> tuple[to
     hp, wp = a.latent_h // 2, a.latent_w // 2
     parts = []
     for dim, pos in ((t_dim, torch.arange(f0, f0 + frames)), (h_dim, torch.arange(hp)), (w_dim, torch.arange(wp))):
-        parts.append(get_1d_rotary_pos_embed(dim, pos.to(torch.float64), 10000.0, use_real=True,
+        # diffusers annotates `pos` as ndarray | int but takes a tensor of positions as well
+        parts.append(get_1d_rotary_pos_embed(dim, pos.to(torch.float64), 10000.0, use_real=True,  # type: ignore[arg-type]
                                              repeat_interleave_real=True, freqs_dtype=torch.float64))
     out = []
     for j in range(2):

@@ -37,6 +37,7 @@ def forward(a: Arch, m, x: torch.Tensor, timesteps: torch.Tensor, f0: int, kv_of
         n = blk.norm2(x3.float()).type_as(x3)
         x3 = x3 + blk.attn2(n.reshape(1, Fb * T, D), None, None, None, layer=layers[i]).reshape(Fb, T, D)
         if str(i) in m.actions:
+            assert actions is not None  # a preset with action blocks always passes them
             x3 = m.actions[str(i)](x3, actions[0], actions[1], f0, kv_of(i))
         n = (blk.norm3(x3.float()) * (1 + c_scale) + c_shift).type_as(x3)
         x3 = (x3.float() + blk.ffn(n).float() * c_gate).type_as(x3)

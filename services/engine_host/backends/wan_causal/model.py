@@ -42,7 +42,7 @@ class WanCausalModel(nn.Module):
             ffn_dim=a.ffn_dim, num_layers=a.layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
             image_dim=a.image_dim or None, added_kv_proj_dim=None)
         if not a.text_dim:  # Matrix-Game-2 cross-attends to the image alone
-            del self.transformer.condition_embedder.text_embedder
+            del self.transformer.condition_embedder.text_embedder  # type: ignore[attr-defined]  # unannotated in diffusers
         self.actions = nn.ModuleDict({str(i): ActionModule(a) for i in a.action_blocks})
         self.vae = vae_mod.build(a, torch.get_default_device())
 
@@ -122,7 +122,8 @@ def load_dir(c: WanCausalConfig, dtype: torch.dtype, device: torch.device) -> We
         convert_wan_vae_to_diffusers,
     )
 
-    a, out = c.a, {}
+    a = c.a
+    out: dict[str, torch.Tensor] = {}
     vae_rel = "vae/diffusion_pytorch_model.safetensors"
     if c.weights_layout == "diffusers":
         out |= {f"transformer.{k}": v for k, v in _read(_checked(c, "transformer/diffusion_pytorch_model.safetensors")).items()}
