@@ -39,11 +39,15 @@ def test_a_session_no_host_takes_within_the_cap_waits_and_the_autoscaler_asks_fo
 
 
 def test_no_suspend_whose_resume_would_pass_the_cap():
-    """4 GiB back at 20 GB/s is ~215 ms: never within 68.75 ms; 64 MiB is ~3 ms: suspended as before."""
+    """The resume may land on a host packed to the target (66.25 ms), so its copy must fit in the 2.5 ms
+    above it: 4 GiB (~215 ms) and 0.5 GiB (~27 ms, within the cap alone but not beside others) never do;
+    32 MiB (~1.7 ms) does."""
     idle = dict(last_input_at=0.0)
     p = msgspec.structs.replace(CAP, keep_warm_s=30.0)
     big = fleet({"h0": [sess("a", "h0", state_bytes=4 * GIB, **idle)]})
-    small = fleet({"h0": [sess("a", "h0", state_bytes=64 << 20, **idle)]})
+    half = fleet({"h0": [sess("a", "h0", state_bytes=GIB // 2, **idle)]})
+    assert not [a for a in decide(half, p).actions if isinstance(a, Suspend)]
+    small = fleet({"h0": [sess("a", "h0", state_bytes=32 << 20, **idle)]})
     assert not [a for a in decide(big, p).actions if isinstance(a, Suspend)]
     assert [a for a in decide(small, p).actions if isinstance(a, Suspend)]
 

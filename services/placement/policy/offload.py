@@ -29,15 +29,19 @@ def resumes(plan: Plan, placer: Placer) -> tuple[list[Resume], list[Refusal]]:
 
 
 def resumes_within_cap(plan: Plan, s: Session) -> bool:
-    """With a latency cap: would this session's resume (the copy back to the device, then its chunk alone)
-    stay within it? A suspend whose resume cannot is not made: that resume would be a chunk past the cap."""
+    """With a latency cap: would this session's resume stay within it wherever it lands? Its first chunk
+    after the copy back to the device may come on a host packed to the target, so the copy must fit in
+    what the cap leaves above the target. A suspend whose resume cannot is not made: that resume would
+    be a chunk past the cap. (Predicting the chunk alone let small-state sessions suspend, and their
+    resumes onto busy hosts, or after waiting for room, passed the cap.)"""
     p = plan.params
     if p.latency_cap_ms <= 0:
         return True
     hl = plan.loads.get(s.host_id)
     t = plan.term(s, hl) if hl is not None else None
-    alone = latency.chunk_ms(p, t, t.share, 1) if t is not None else 0.0
-    return alone + 1e3 * s.state_bytes / p.resume_bps <= latency.target_ms(p, t) if t is not None else False
+    if t is None:
+        return False
+    return latency.target_ms(p, t) + 1e3 * s.state_bytes / p.resume_bps <= p.latency_cap_ms
 
 
 def suspends(plan: Plan) -> list[Suspend]:
