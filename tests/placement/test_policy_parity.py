@@ -10,7 +10,6 @@ service config, or is set differently there.
 from __future__ import annotations
 
 import msgspec
-import pytest
 
 from bench import fleet, fleet_arms
 from bench.fleet_sim import GUARD, Sim
@@ -57,8 +56,5 @@ def test_with_the_knobs_the_service_can_set_the_controller_and_the_simulator_dec
     assert same_decisions(msgspec.structs.replace(q, guard=GUARD))
 
 
-@pytest.mark.xfail(strict=True, reason="the service config cannot set latency_model, latency_cap_ms, cap_margin_ms, "
-                   "cap_fill, cap_scale_in_below or resume_bps yet, and drains stay with its drainer "
-                   "(drain_by_moves=False); the knob unification in services/placement (another issue) closes it")
 def test_with_the_benchmarks_knobs_the_controller_and_the_simulator_decide_alike():
     assert same_decisions(fleet.params("profile"))
