@@ -70,8 +70,8 @@ async def test_drain_moves_every_session_off_and_stops_placing_there(stack):
     placed = await stack.create("d9")
     assert placed.host_id != "e0"  # a drained host takes no new session
     # A horizon no move can meet makes every live move inadmissible: e1's sessions are handed over instead.
-    for p in stack.placements:
-        p.config.drain_move_deadline_s = 1e-4
+    for p in stack.placements:  # the drainer's live moves take their horizon from the relocation part
+        p.drainer.relocation.deadline_s = 1e-4
     on_e1 = sorted([sid for sid in [*sids, "d9"] if (await stack.owner(sid)).owner.server_id == "e1"])
     report = await bus.request(stack.nc, names.PLACEMENT_DRAIN, HostRequest(host_id="e1"), DrainReport,
                                timeout_s=120)
