@@ -20,9 +20,7 @@ from typing import Annotated
 
 import msgspec
 
-from libs import capacity_model as cm
 from libs import session_classes
-from libs.schemas.capacity import Kind
 from libs.schemas.common import EngineEntry, ProfileRow
 from libs.session_classes import DecodeTier, DeterminismTier, SessionClass
 
@@ -82,20 +80,10 @@ class Guard(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class Demand(msgspec.Struct, kw_only=True, frozen=True):
-    """What one admitted session takes from its host until the host's heartbeat shows it. Its kind
-    (backend, tier, window) lets a device with a measured capacity price it at the device's
-    concurrency; `busy_fraction` is its share as priced when it was placed."""
+    """What one admitted session takes from its host until the host's heartbeat shows it."""
 
     busy_fraction: float
     state_bytes: int
-    backend: str = ""
-    tier: int = 0
-    window_ms: float = 0.0
-    blocks_per_window: int = 1
-
-    def kind(self) -> Kind:
-        return Kind(backend=self.backend, tier=self.tier, window_ms=self.window_ms,
-                    blocks_per_window=self.blocks_per_window)
 
 
 class Estimate(msgspec.Struct, kw_only=True, frozen=True):
@@ -114,16 +102,6 @@ class Estimate(msgspec.Struct, kw_only=True, frozen=True):
     memory_guard_bytes: int = 0
     host_sessions: int = 0  # measured sessions plus pending placements, before the candidate
     max_sessions: int = 0
-    backend: str = ""
-    window_ms: float = 0.0
-    blocks_per_window: int = 1
-    device_sessions: int = 0  # sessions on the device with the candidate: the concurrency it was priced at
-    measured: bool = False  # priced from the device's capacity measured under co-location
-
-    def demand(self) -> Demand:
-        """What placing the session on this host reserves there."""
-        return Demand(busy_fraction=self.busy_fraction, state_bytes=self.state_bytes, backend=self.backend,
-                      tier=self.tier, window_ms=self.window_ms, blocks_per_window=self.blocks_per_window)
 
 
 def floor_row(rows: Sequence[ProfileRow], backend: str, floor: int) -> ProfileRow | None:
@@ -133,26 +111,9 @@ def floor_row(rows: Sequence[ProfileRow], backend: str, floor: int) -> ProfileRo
 
 
 def demand(contract: Contract, row: ProfileRow) -> Demand:
-    """The session's demand priced alone from its floor row (a host without a measured capacity)."""
     window = contract.window_ms
     share = 0.0 if window is None else contract.blocks_per_window * row.quantum_ms / window
-    return Demand(busy_fraction=share, state_bytes=row.state_bytes, backend=row.backend, tier=row.tier,
-                  window_ms=window or 0.0, blocks_per_window=contract.blocks_per_window)
-
-
-def _priced_at_device(host: EngineEntry, need: Demand, pending: Sequence[Demand]) -> tuple[float, float, int] | None:
-    """(load before, the candidate's share, sessions) with the candidate on the device, every session
-    priced at that concurrency from the device's measured capacity; None without a curve for it."""
-    cap = host.capacity
-    if cap is None or not cm.priced(cap, need.kind()):
-        return None
-    known = [p.kind() for p in pending if p.backend]
-    kinds = cm.merge([*host.kinds, *known])
-    if not all(cm.priced(cap, k) for k in kinds):
-        return None
-    flat = sum(p.busy_fraction for p in pending if not p.backend)  # placed before kinds were recorded
-    n = cm.count(kinds) + sum(1 for p in pending if not p.backend) + 1
-    return cm.load(cap, kinds, n) + flat, cm.share(cap, need.kind(), n), n
+    return Demand(busy_fraction=share, state_bytes=row.state_bytes)
 
 
 def estimate(contract: Contract, backend: str, host: EngineEntry, pending: Sequence[Demand],
@@ -163,10 +124,6 @@ def estimate(contract: Contract, backend: str, host: EngineEntry, pending: Seque
         return Estimate(host_id=host.host_id, fits=False, reason="no_profile")
     need = demand(contract, row)
     busy = host.busy_fraction + sum(p.busy_fraction for p in pending)
-    device_sessions = 0
-    if (at := _priced_at_device(host, need, pending)) is not None:
-        busy, share, device_sessions = at
-        need = msgspec.structs.replace(need, busy_fraction=share)
     free = host.free_memory_bytes - sum(p.state_bytes for p in pending)
     mem_guard = int(guard.memory_fraction * host.memory_bytes)
     sessions = host.sessions + len(pending)
@@ -175,9 +132,7 @@ def estimate(contract: Contract, backend: str, host: EngineEntry, pending: Seque
                     quantum_ms=row.quantum_ms, busy_fraction=need.busy_fraction,
                     state_bytes=need.state_bytes, host_busy_fraction=busy,
                     busy_limit=1.0 - guard.busy_fraction, host_free_bytes=free,
-                    memory_guard_bytes=mem_guard, host_sessions=sessions, max_sessions=guard.max_sessions,
-                    backend=backend, window_ms=need.window_ms, blocks_per_window=need.blocks_per_window,
-                    device_sessions=device_sessions, measured=at is not None)
+                    memory_guard_bytes=mem_guard, host_sessions=sessions, max_sessions=guard.max_sessions)
 
 
 def _first_failure(need: Demand, busy: float, free: int, mem_guard: int, sessions: int, guard: Guard) -> str:
@@ -213,16 +168,11 @@ def pooled(hosts: Sequence[EngineEntry],
             out[peers[0].host_id] = peers[0]
             continue
         held = {p.host_id: pending(p) for p in peers}
-        # One capacity per device, however many hosts report it: the newest measurement of it.
-        cap = max((p.capacity for p in peers if p.capacity is not None), key=lambda c: c.updated_at, default=None)
         for h in peers:
             others = [p for p in peers if p is not h]
             busy = h.busy_fraction + sum(p.busy_fraction + sum(d.busy_fraction for d in held[p.host_id]) for p in others)
             taken = sum(d.state_bytes for p in others for d in held[p.host_id])
-            kinds = cm.merge([*h.kinds, *(k for p in others for k in p.kinds),
-                              *(d.kind() for p in others for d in held[p.host_id] if d.backend)])
-            out[h.host_id] = msgspec.structs.replace(h, busy_fraction=busy, free_memory_bytes=h.free_memory_bytes - taken,
-                                                     capacity=cap, kinds=kinds)
+            out[h.host_id] = msgspec.structs.replace(h, busy_fraction=busy, free_memory_bytes=h.free_memory_bytes - taken)
     return out
 
 

@@ -179,9 +179,6 @@ def service_subjects(service: str) -> str:
 # ---- failover, capacity and host lifecycle (issue 11, placement) ----
 # KV: one `HostRecord` per engine host: lifecycle state and capacity reservations, CAS on revision (owner: placement).
 CAPACITY_BUCKET = "sf_capacity"
-# KV: one `DeviceCapacity` per device (machine and device), measured under co-location by the first of
-# its engine hosts and refreshed by every one of them while serving, by CAS (owner: engine hosts).
-DEVICE_CAPACITY_BUCKET = "sf_device_capacity"
 # Request/reply (owner: placement): HostsRequest → HostList; HostRequest → DrainReport / HostInfo.
 PLACEMENT_HOSTS = "sf.placement.hosts"
 PLACEMENT_DRAIN = "sf.placement.drain"

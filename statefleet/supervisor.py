@@ -178,8 +178,6 @@ class Supervisor:
             device = f"cuda:{i}" if self.device == "cuda" else self.device
             env = {**base, **self._auth_env("engine_host", host_id),
                    "SF_HOST_ID": host_id, "SF_INSTANCE_ID": host_id, "SF_DEVICE": device,
-                   # CPU hosts of one machine split its cores (the engine host's torch threads)
-                   "SF_DEVICE_HOSTS": str(len(self.host_ids) if self.device == "cpu" else 1),
                    "SF_CHECKPOINT_DIR": str(self.data_dir / "checkpoints"),
                    "SF_METRICS_PORT": str(metrics and metrics + 10 + i)}
             self.children.append(Child(f"engine-{i}", env, self.data_dir / "logs" / f"engine-{i}.log"))

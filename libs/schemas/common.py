@@ -104,11 +104,6 @@ class EngineEntry(Msg):
     backends: list[BackendInfo] = []
     incarnation: str = ""  # random per engine-host process start: a new one is a restarted host
     heartbeat_s: float = 0.0  # how often this host beats; placement declares it dead after missed beats
-    # The device's capacity as measured under co-location (`libs/capacity_model.py`), and what this host
-    # holds by kind: admission and placement price the device's load from these two.
-    capacity: DeviceCapacity | None = None
-    kinds: list[Kind] = []
-    busy_measured: float = 0.0  # share of wall time a block was in flight here (measured, not priced)
 
 
 class SessionSummary(Msg):
@@ -141,7 +136,3 @@ class InputItem(Msg):
     kind: InputKind
     data: bytes
     accepted_at: float = 0.0
-
-
-# The capacity record's types use ProfileRow (above): imported last, resolved when first decoded.
-from libs.schemas.capacity import DeviceCapacity, Kind  # noqa: E402

@@ -40,11 +40,6 @@ class Reserved(Msg):
     state_bytes: int
     at: float  # when it was reserved (placer's clock): it counts until a heartbeat this much newer shows it
     incarnation: str = ""  # the host process it was reserved on; a death of that process releases it
-    # its kind, so a device with a measured capacity prices it at the device's concurrency (libs/capacity_model.py)
-    backend: str = ""
-    tier: int = 0
-    window_ms: float = 0.0
-    blocks_per_window: int = 1
 
 
 class HostRecord(Msg):

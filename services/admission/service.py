@@ -34,7 +34,7 @@ from opentelemetry import trace
 
 from libs import bus, http_limits, init_inputs, names
 from libs.config import HttpServerConfig, PositiveFloat, PositiveInt, section
-from libs.contracts import Guard
+from libs.contracts import Demand, Guard
 from libs.errors import Busy, Conflict, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
 from libs.fence import core as fence_core
 from libs.fence.ownership import assign, read_owner, update_summary
@@ -260,7 +260,7 @@ class AdmissionService(Service):
             self.log.info("placement_deferred", session_id=sid, code=e.code, detail=e.detail)
             return None
         now = time.time()
-        need = placement.estimate.demand()
+        need = Demand(busy_fraction=placement.estimate.busy_fraction, state_bytes=placement.estimate.state_bytes)
         placed = msgspec.structs.replace(record, state="placed", verdict=verdict, host_id=placement.host_id,
                                          placed_at=now, demand=need, updated_at=now, queue_deadline=0.0)
         write = self.records.create if create else self.records.put

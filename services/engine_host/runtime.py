@@ -29,11 +29,9 @@ import msgspec
 import structlog
 import torch
 
-from libs import capacity_model as cm
 from libs.checkpoint import CheckpointStore, tree_bytes
 from libs.errors import BadRequest, Conflict
 from libs.fence.block_journal import BlockJournal
-from libs.schemas.capacity import DeviceCapacity, Kind
 from libs.schemas.common import BackendInfo, InputItem, ProfileRow
 from libs.schemas.engine import CheckpointRef, HostStatus, OpenSession, SessionInfo, SessionMetrics
 from libs.schemas.fence import ConsumedBlock
@@ -50,7 +48,6 @@ from services.engine_host.offload import Offload
 from services.engine_host.pipeline import StagePipeline
 from services.engine_host.rebuild_choice import RebuildChoice, RebuildPolicy
 from services.engine_host.scheduler import Dispatch, EdfScheduler
-from services.engine_host.serving_load import ServingLoad
 from services.engine_host.session import Rejected, SessionTable
 from services.engine_host.sink import OutputSink, Publish
 from services.engine_host.snapshots import Snapshots
@@ -62,8 +59,6 @@ MAX_ADVANCE_BLOCKS = 100_000
 
 T = TypeVar("T")
 
-MAX_IN_FLIGHT = 2  # quanta dispatched at once (the capacity probe measures the device the same way)
-
 
 class EngineRuntime:
     """Runs many sessions on one device. Also the mover's host endpoint (`state_tree`,
@@ -74,7 +69,7 @@ class EngineRuntime:
                  publish: Publish | None = None, checkpoints: CheckpointStore | None = None,
                  backend_configs: dict[str, bytes] | None = None, registry: Registry | None = None,
                  max_batch: int = 8,
-                 max_in_flight: int = MAX_IN_FLIGHT, guard_s: float = 0.002, max_sessions: int = 64,
+                 max_in_flight: int = 2, guard_s: float = 0.002, max_sessions: int = 64,
                  edge_capacity: int = 2, clock: Callable[[], float] = time.monotonic,
                  rebuild_policy: RebuildPolicy = "auto", move_wire_bps: float = 1.25e9,
                  gate_moved_in: bool = False, c1_pacing: bool = True) -> None:
@@ -90,8 +85,6 @@ class EngineRuntime:
         self.work = torch_threads.executor("engine-work", workers=2)  # init, offload, snapshots, profile
         self.sessions = SessionTable(host_id)
         self.costs = CostModel()
-        self.serving = ServingLoad(clock)
-        self.capacity: DeviceCapacity | None = None  # the device's measured capacity (device_capacity.py)
         self.backends = Backends(self.device, backend_configs or {}, registry or Registry(), on_build=self.costs.shape)
         self.sched = EdfScheduler(cost=self.costs.estimate, guard_s=guard_s, max_batch=max_batch)
         self.pipeline: StagePipeline[BlockJob, Dispatch] = StagePipeline(
@@ -136,9 +129,6 @@ class EngineRuntime:
         return await asyncio.get_running_loop().run_in_executor(self.work, lambda: fn(*args, **kwargs))
 
     async def _sink(self, work: BlockWork) -> None:
-        if work.items:  # decoded now: what serving measures of the device (serving_load.py)
-            self.serving.ran(work.items[0].data.session.shape, work.meta.tier, len(self.sessions), work.meta.start,
-                             self.clock(), len(work.items), sum(work.stage_ms.values()))
         try:
             await self.sink.take(work)
         finally:
@@ -281,24 +271,12 @@ class EngineRuntime:
         return s.stats.snapshot(skipped=t.skipped if t else 0, tier=t.tier if t else 0,
                                 tier_changes=t.tier_changes if t else 0)
 
-    def kinds(self) -> list[Kind]:
-        """The sessions held here by kind, each at its floor: what admission prices this host's load by.
-        A suspended session holds its slot but runs nothing, so it has no window."""
-        suspended = {s.sid for s in self.sessions if s.status == "suspended"}
-        return cm.merge(Kind(backend=s.spec.backend, tier=t.ladder[0],
-                             window_ms=0.0 if s.sid in suspended or t.cls not in PERIODIC else t.period_s * 1000)
-                        for s in self.sessions if (t := self.sched.tasks.get(s.sid)) is not None)
-
     def busy_fraction(self) -> float:
-        """Share of device time the sessions here are promised: each at its quality floor, priced from the
-        device's measured capacity at the number of sessions here (`capacity_model.load`), as admission
-        prices them; before a capacity is known, at the costs learned while serving. The scheduler steps
+        """Share of device time the periodic sessions are promised: their quanta at their quality floors,
+        at the costs learned while serving. This is what admission budgets for each of them
+        (`contracts.demand` at the floor row), so the two count the same thing; the scheduler steps
         sessions down toward their floors whenever what they are served at would not fit. A session held
         at a block boundary (a checkpoint, a move) still counts: it resumes; a suspended one does not."""
-        if self.capacity is not None:
-            kinds = self.kinds()
-            if all(cm.priced(self.capacity, k) for k in kinds):
-                return cm.load(self.capacity, kinds)
         suspended = {s.sid for s in self.sessions if s.status == "suspended"}
         return sum(self.costs.estimate(t.shape, t.ladder[0], 1) / t.period_s for t in self.sched.tasks.values()
                    if t.cls in PERIODIC and t.sid not in suspended)

@@ -20,14 +20,11 @@ import torch
 from libs import bus, names
 from libs.checkpoint import CheckpointStore
 from libs.config import BaseConfig, PositiveFloat, PositiveInt, section
-from libs.contracts import device_key
 from libs.errors import ConfigError, Timeout, Unavailable
 from libs.fence.client import EngineClient
-from libs.motion import machine
 from libs.motion.endpoint import MotionEndpoint
 from libs.motion.receiver import Limits as DataPlaneLimits
 from libs.schemas.base import Msg, encode
-from libs.schemas.capacity import Curve
 from libs.schemas.common import EngineEntry, ProfileRow
 from libs.schemas.engine import (
     Advance,
@@ -38,12 +35,10 @@ from libs.schemas.engine import (
 )
 from libs.service import VERSION, Service
 from libs.telemetry import traced
-from services.engine_host import capacity_probe, profile, torch_threads
+from services.engine_host import profile
 from services.engine_host.assignments import Assignments
 from services.engine_host.backends import AvatarConfig, Registry, WorldConfig
-from services.engine_host.costs import shape_of
-from services.engine_host.device_capacity import DeviceCapacityKeeper
-from services.engine_host.runtime import MAX_IN_FLIGHT, EngineRuntime
+from services.engine_host.runtime import EngineRuntime
 
 DEFAULT_CPU_STAGING_BYTES = 64 << 20
 
@@ -71,15 +66,9 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     profile_blocks: PositiveInt = 5
     verb_timeout_s: PositiveFloat = 30.0
     verb_concurrency: PositiveInt = 16  # requests of one verb (other than input) handled at once
-    # torch intra-op threads (0: chosen from the device, see `torch_thread_count`). Stages already run on
-    # their own threads; on a small shared CPU an OpenMP team per stage thread oversubscribes the cores.
+    # torch intra-op threads (0: torch's default). Stages already run on their own threads; on a
+    # small shared CPU an OpenMP team per stage thread oversubscribes the cores.
     torch_threads: Annotated[int, msgspec.Meta(ge=0)] = 0
-    device_hosts: PositiveInt = 1  # engine hosts sharing this device (`statefleet up` says how many)
-    # The device's capacity curve at start-up (capacity_probe.py): rounds per point, the longest round
-    # measured, the whole probe's budget; serving refreshes it this often.
-    capacity_max_round_s: PositiveFloat = 0.5
-    capacity_probe_budget_s: PositiveFloat = 6.0
-    capacity_refresh_s: PositiveFloat = 2.0
     checkpoint_every_s: PositiveFloat = 10.0  # fenced sessions are checkpointed this often (for failover)
     orphan_grace_s: PositiveFloat = 5.0  # a copy assigned away and not moved is closed after this long
     data_bind: str = "127.0.0.1:0"  # the mover's TCP data plane (host:port; port 0 picks one)
@@ -123,18 +112,6 @@ def backend_tables(value: dict[str, dict[str, Any]] | str) -> dict[str, dict[str
     if not all(isinstance(t, dict) for t in tables.values()):
         raise ConfigError(f"backend_configs file {value}: every top-level key must be a [backend] table", file=value)
     return tables
-
-
-def torch_thread_count(configured: int, device: torch.device, device_hosts: int) -> int:
-    """As configured, else on a CPU the cores this process may run on split between the hosts that
-    share them and the quanta each runs at once (at least one each), else one (a GPU host's CPU
-    threads only feed the device). Measured on the 2-core VM under load: a world block took 135 ms
-    with torch's default two threads per stage thread and 15 ms with one (docs/admission.md)."""
-    if configured:
-        return configured
-    if device.type != "cpu":
-        return 1
-    return max(1, len(os.sched_getaffinity(0)) // (device_hosts * MAX_IN_FLIGHT))
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:
@@ -182,7 +159,8 @@ class EngineHostService(Service):
 
     async def setup(self) -> None:
         cfg: EngineHostConfig = self.config
-        torch.set_num_threads(torch_thread_count(cfg.torch_threads, self.device, cfg.device_hosts))
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
         ttl = names.ENGINES_TTL_S  # liveness is placement's to judge; the TTL only clears dead entries
         self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl, replicas=cfg.nats_replicas)
         objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)
@@ -198,15 +176,8 @@ class EngineHostService(Service):
                                      rebuild_policy=cfg.rebuild_policy, move_wire_bps=cfg.move_wire_bps,
                                      max_sessions=cfg.max_sessions, gate_moved_in=True, c1_pacing=cfg.c1_pacing)
         self.backend_infos = await self.runtime.in_thread(self.runtime.backend_infos)
-        capacity_kv = await bus.ensure_kv(self.js, names.DEVICE_CAPACITY_BUCKET, replicas=cfg.nats_replicas)
-        device = device_key(EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=0,
-                                        free_memory_bytes=0, machine=machine.identity()))
-        self.keeper = DeviceCapacityKeeper(capacity_kv, device=device, host_id=self.host_id, slots=cfg.max_sessions)
-        shapes = {shape_of(self.runtime.backend(i.name)) for i in self.backend_infos}
-        self.runtime.capacity = await self.keeper.obtain(shapes, self._measure)
-        self.profile = self.keeper.rows_for({i.name for i in self.backend_infos})
+        self.profile = await self.runtime.in_thread(self._measure_profile)
         self.runtime.seed_costs(self.profile)
-        self._refreshed_at = time.monotonic()
         await self.runtime.start()
         rt = self.runtime
         verbs: list[tuple[str, Any, Callable[[Any], Awaitable[Msg]]]] = [
@@ -239,20 +210,11 @@ class EngineHostService(Service):
                       device=str(self.device),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 
-    async def _measure(self, shapes: set[str]) -> tuple[list[ProfileRow], list[Curve]]:
-        """This device's profile rows and capacity curves for the backends of `shapes`, measured here
-        while the host holds the device's claim (its peers wait)."""
-        cfg: EngineHostConfig = self.config
-        backends = [b for b in (self.runtime.backend(i.name) for i in self.backend_infos) if shape_of(b) in shapes]
-        rows: list[ProfileRow] = []
-        curves: list[Curve] = []
-        for b in backends:
-            rows += await self.runtime.in_thread(profile.measure, b, blocks=cfg.profile_blocks)
-            curves += await self.runtime.in_thread(
-                capacity_probe.measure, b, slots=cfg.max_sessions, in_flight=MAX_IN_FLIGHT, rounds=cfg.profile_blocks,
-                start_thread=torch_threads.started, max_round_s=cfg.capacity_max_round_s,
-                budget_s=cfg.capacity_probe_budget_s / max(len(backends), 1))
-        return rows, curves
+    def _measure_profile(self) -> list[ProfileRow]:
+        rows = []
+        for info in self.backend_infos:
+            rows += profile.measure(self.runtime.backend(info.name), blocks=self.config.profile_blocks)
+        return rows
 
     @staticmethod
     def _sync(fn: Callable[[Any], Msg]) -> Callable[[Any], Awaitable[Msg]]:
@@ -283,19 +245,13 @@ class EngineHostService(Service):
             raise Unavailable("the assignment watcher is not running", host_id=self.host_id)
         total, free = device_memory(self.device)
         rt = self.runtime
-        busy_measured = rt.serving.busy_fraction()
-        if time.monotonic() - self._refreshed_at >= self.config.capacity_refresh_s:
-            self._refreshed_at = time.monotonic()
-            busy_measured, observed = rt.serving.take()
-            rt.capacity = await self.keeper.refresh(observed)
         entry = EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=total,
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
                             sessions=len(rt.sessions), profile=rt.refreshed_profile(self.profile),
                             busy_fraction=rt.busy_fraction(), served_fraction=rt.served_fraction(),
                             state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
                             backends=self.backend_infos, machine=self.motion.machine,
-                            incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s,
-                            capacity=rt.capacity, kinds=rt.kinds(), busy_measured=busy_measured)
+                            incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s)
         await self.engines_kv.put(self.host_id, encode(entry))
         self.fence.heartbeat_landed(time.monotonic())
 

@@ -31,10 +31,3 @@ def thread(target: Callable[[], object], name: str) -> threading.Thread:
         target()
 
     return threading.Thread(target=run, name=name, daemon=True)
-
-
-def started(target: Callable[[], object]) -> threading.Thread:
-    """`thread(target)`, started: the capacity probe's lanes."""
-    t = thread(target, name="capacity-probe")
-    t.start()
-    return t

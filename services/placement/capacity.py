@@ -26,8 +26,7 @@ def pending(record: HostRecord | None, host: EngineEntry, settle_s: float) -> li
     """The reservations on `host` that its heartbeat cannot show yet."""
     if record is None:
         return []
-    return [Demand(busy_fraction=r.busy_fraction, state_bytes=r.state_bytes, backend=r.backend, tier=r.tier,
-                   window_ms=r.window_ms, blocks_per_window=r.blocks_per_window)
+    return [Demand(busy_fraction=r.busy_fraction, state_bytes=r.state_bytes)
             for r in record.sessions.values() if host.heartbeat_at < r.at + settle_s]
 
 
@@ -77,9 +76,7 @@ def most_room(contract: Contract, backend: str, hosts: Sequence[EngineEntry],
 
 def reserve(record: HostRecord, session_id: str, est: Estimate, incarnation: str, now: float) -> HostRecord:
     """`record` with the session's demand reserved on it (replacing an older reservation of the session)."""
-    entry = Reserved(busy_fraction=est.busy_fraction, state_bytes=est.state_bytes, at=now, incarnation=incarnation,
-                     backend=est.backend, tier=est.tier, window_ms=est.window_ms,
-                     blocks_per_window=est.blocks_per_window)
+    entry = Reserved(busy_fraction=est.busy_fraction, state_bytes=est.state_bytes, at=now, incarnation=incarnation)
     return msgspec.structs.replace(record, sessions={**record.sessions, session_id: entry})
 
 

@@ -49,14 +49,6 @@ class Resume(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     state_bytes: int
 
 
-class Requeue(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Suspend the session and put it back in admission's queue, its client told why (`reason`)."""
-
-    session_id: str
-    host_id: str
-    reason: str  # capacity_lost: its device can no longer carry it, and no device with room was found
-
-
 Action = Place | Move | ScaleOut | Drain | Release | Suspend | Resume
 
 

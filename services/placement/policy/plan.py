@@ -217,7 +217,7 @@ class Plan:
 
     def add(self, s: Session, hl: HostLoad, est: Estimate) -> None:
         self.claimed.add(s.session_id)
-        hl.pending += (est.demand(),)
+        hl.pending += (Demand(busy_fraction=est.busy_fraction, state_bytes=est.state_bytes),)
         t = self.term(s, hl)
         if t is not None:
             self.open_up(hl)[s.session_id] = t
