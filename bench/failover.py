@@ -56,6 +56,7 @@ from libs.schemas.common import Ping, Pong, SessionSummary
 from libs.schemas.engine import OutputChunk, SessionInfo, SessionRef
 from libs.schemas.fence import Claim, LogRecord, RegisterReply, RegisterRequest
 from libs.schemas.placement import Placement, PlaceRequest
+from services.engine_host.service import EngineHostConfig
 from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
 from services.placement.service import PlacementConfig, PlacementService
@@ -64,6 +65,7 @@ CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T0", perio
 INPUT_PERIOD_S = 0.2
 TARGET_RECLAIM_P99_S = 3.0
 TARGET_RECLAIM_P99_HOG_S = 5.0
+ENGINE_DEFAULTS = EngineHostConfig()  # the engine hosts run with these (the bench sets none of them)
 
 
 class Hog:
@@ -110,9 +112,10 @@ class Engine:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
+        # What `statefleet up`'s supervisor gives an engine host, and nothing more: every other
+        # setting (heartbeat, checkpoint period, profile, torch threads) is the host's default.
         env = {**os.environ, "SF_NATS_URL": self.url, "SF_HOST_ID": self.host_id, "SF_INSTANCE_ID": self.host_id,
-               "SF_PROFILE_BLOCKS": "1", "SF_TORCH_THREADS": "1", "SF_CHECKPOINT_DIR": str(self.tmp / "ckpt"),
-               "SF_CHECKPOINT_EVERY_S": "2.0", "SF_LOG_JSON": "true"}
+               "SF_CHECKPOINT_DIR": str(self.tmp / "ckpt"), "SF_LOG_JSON": "true"}
         with open(self.tmp / f"{self.host_id}.log", "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "statefleet", "serve", "engine_host"], env=env,
                                          stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -336,7 +339,7 @@ async def run(quick: bool, hog: int = 0) -> dict:
             for sid in b.sids:
                 await b.create(sid)
             feeders = [asyncio.create_task(b.feed(sid)) for sid in b.sids]
-            await asyncio.sleep(5.0)  # past the first checkpoints
+            await asyncio.sleep(5.0)  # steady input on every session before the first kill
             events: list[dict] = []
             for k in range(kills):
                 round_ = await b.kill_round()
@@ -345,7 +348,7 @@ async def run(quick: bool, hog: int = 0) -> dict:
                 print(f"kill {k + 1}/{kills}: {round_[0]['victim']} with {len(round_)} sessions; reclaim "
                       f"{'never' if worst is None else f'{worst:.2f}s'} (load {os.getloadavg()[0]:.1f})",
                       file=sys.stderr)
-                await asyncio.sleep(3.0)  # steady input again, and a checkpoint on the new owners
+                await asyncio.sleep(3.0)  # steady input again on the new owners
             b.stop_input.set()
             await asyncio.gather(*feeders)
             lost, twice = await b.settle()
@@ -373,8 +376,8 @@ async def run(quick: bool, hog: int = 0) -> dict:
         "replayed_blocks_differing": differing, "orphaned": orphaned,
         "targets": {"reclaim_s_p99": target, "lost_inputs": 0, "inputs_applied_twice": 0,
                     "replay_bit_identical": True, "unreclaimed": 0},
-        "settings": {"engine_heartbeat_s": 0.5, "dead_after_beats": names.HEARTBEAT_TTL_FACTOR,
-                     "input_period_s": INPUT_PERIOD_S, "checkpoint_every_s": 2.0},
+        "settings": {"engine_heartbeat_s": ENGINE_DEFAULTS.heartbeat_s, "dead_after_beats": names.HEARTBEAT_TTL_FACTOR,
+                     "input_period_s": INPUT_PERIOD_S, "checkpoint_every_s": ENGINE_DEFAULTS.checkpoint_every_s},
         "events": events,
     }
 

@@ -38,13 +38,12 @@ from libs.contracts import Contract, Demand, Guard, estimate
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry
 from libs.schemas.engine import OutputChunk
+from services.admission.service import AdmissionConfig
 
 LEVELS = (1.0, 1.4, 2.0)
-QUEUE_TIMEOUT_S = 2.0
+QUEUE_TIMEOUT_S = AdmissionConfig().queue_timeout_s  # admission's default: the bench sets no setting `up` does not
 TARGETS = {"lost_inputs": "0 at every level",
            "deadline_miss_rate_admitted": "at 1.4× and 2× no higher than at 1.0× (+0.01 noise allowance)"}
-ENV = {"SF_HEARTBEAT_S": "0.5", "SF_TORCH_THREADS": "1", "SF_QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S),
-       "SF_CHECKPOINT_EVERY_S": "30"}
 
 
 def admitted_capacity(hosts: list[EngineEntry], contract: Contract, backend: str, guard: Guard) -> int:
@@ -119,7 +118,7 @@ async def offer(nc, http: aiohttp.ClientSession, admission_url: str, contract: d
 
 async def run_level(level: float, capacity: int | None, args, tmp: Path) -> dict:
     stack = UpStack(tmp / f"level-{level}", engines=args.engines,
-                    env={**ENV, "SF_MAX_SESSIONS_PER_HOST": str(args.slots_per_host)}).start()
+                    env={"SF_MAX_SESSIONS_PER_HOST": str(args.slots_per_host)}).start()
     try:
         await stack.ready()
         nc = await bus.connect(stack.cli_url(), name="bench-load")
