@@ -4,7 +4,8 @@ A session is stranded when fence's log names an owner process that is dead (assi
 claimed: an assign to a dead process will never be claimed either). Each stranded session
 goes to a live, undrained host it fits (the capacity model of any placement, every reservation
 this plan makes counted on the next estimate), preferring any host but the one that died, and of
-those to the one this plan has sent the fewest sessions (`spread`); if none fits it is orphaned,
+those the one holding the fewest sessions (`spread`, so one death's sessions spread within a sweep and
+over successive sweeps alike); if none fits it is orphaned,
 with every host's reason, until capacity appears. A session another placer already reserved a live host for keeps that
 host, so placers that race converge on one choice; the assign's compare-and-set on the
 version both saw decides which of them acts.
@@ -12,7 +13,6 @@ version both saw decides which of them acts.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -65,7 +65,6 @@ def plan(stranded: Sequence[Stranded], hosts: Sequence[EngineEntry], records: Ma
     """One decision per stranded session, in session_id order, each seeing the reservations before it."""
     records = dict(records)
     by_id = {h.host_id: h for h in hosts}
-    sent: Counter[str] = Counter()
     out: list[Reassign | Orphan] = []
     for s in sorted(stranded, key=lambda s: s.session_id):
         assert s.view.owner is not None
@@ -80,14 +79,13 @@ def plan(stranded: Sequence[Stranded], hosts: Sequence[EngineEntry], records: Ma
             out.append(Reassign(s.session_id, held, host.incarnation, s.view.owner.version, est, reserved=True))
             continue
         ests = capacity.by_room(s.contract, s.backend, hosts, records, guard, settle_s, exclude=[dead_host])
-        best = spread(ests, sent)
+        best = spread(ests)
         if best is None:
             ests = capacity.by_room(s.contract, s.backend, hosts, records, guard, settle_s)
-            best = spread(ests, sent)
+            best = spread(ests)
         if best is None:
             out.append(Orphan(s.session_id, ests))
             continue
-        sent[best.host_id] += 1
         chosen = by_id[best.host_id]
         records[best.host_id] = capacity.reserve(records.get(best.host_id) or HostRecord(host_id=best.host_id),
                                                  s.session_id, best, chosen.incarnation, now)
@@ -96,12 +94,15 @@ def plan(stranded: Sequence[Stranded], hosts: Sequence[EngineEntry], records: Ma
     return out
 
 
-def spread(ests: Sequence[Estimate], sent: Mapping[str, int]) -> Estimate | None:
-    """Of the fitting estimates (in `capacity.by_room` order), the first on a host this failover has sent
-    the fewest sessions so far. `by_room` packs the hosts of one device onto the busiest process, which
-    suits a placement at a time; a failover lands a whole host's sessions at once, and each replacement
-    restores and regenerates before it serves, so one survivor taking them all was the slowest reclaim
-    (9.9 s for the last of seven under load) and the next death's whole fleet. Capacity still decides:
-    only a host the session fits is taken, with this plan's earlier reservations counted."""
+def spread(ests: Sequence[Estimate]) -> Estimate | None:
+    """Of the fitting estimates (in `capacity.by_room` order), the first on a host serving or holding the
+    fewest sessions (`host_sessions`: its heartbeat's count plus its unsettled reservations). `by_room`
+    packs the hosts of one device onto the busiest process, which suits a placement at a time; a failover
+    lands a whole host's sessions at once, and each replacement restores and regenerates before it
+    serves, so one survivor taking them all was the slowest reclaim (9.9 s for the last of seven under
+    load) and the next death's whole fleet. Counting what the hosts hold, not what this plan sent, keeps
+    the spread when one death's sessions are found over several sweeps: each sweep sees the earlier
+    ones' reservations, or the heartbeats that show them. Capacity still decides: only a host the
+    session fits is taken, with this plan's earlier reservations counted."""
     fitting = [e for e in ests if e.fits]
-    return min(fitting, key=lambda e: sent.get(e.host_id, 0)) if fitting else None
+    return min(fitting, key=lambda e: e.host_sessions) if fitting else None

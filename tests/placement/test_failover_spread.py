@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import msgspec
+
 from libs.contracts import Contract, Guard
 from libs.schemas.common import EngineEntry, ProfileRow
 from libs.schemas.fence import Owner, SessionView
+from libs.schemas.placement import HostRecord
+from services.placement import capacity
 from services.placement.failover import Orphan, Reassign, Stranded, plan
 
 C1 = Contract(session_class="C1", quality_floor=1, determinism="T0", period_ms=200.0)
@@ -49,3 +53,32 @@ def test_what_the_survivors_cannot_hold_is_orphaned_with_a_reason():
     assert min(per_host["e1"], per_host["e2"]) >= 1  # spread over its processes too
     for o in orphans:
         assert o.estimates and all(not e.fits and e.reason for e in o.estimates)
+
+
+def test_a_failover_over_several_sweeps_spreads_too():
+    """A dead host's sessions found one sweep at a time (hint lag, a slow read) are still spread: each
+    sweep sees the earlier sweeps' arrivals, reserved and not yet in a heartbeat, or settled and in it."""
+    survivors = [host(h, quantum_ms=10.0) for h in ("e1", "e2", "e3")]
+    records: dict = {}
+    per_host: Counter[str] = Counter()
+    for s in stranded(6):  # six sweeps, one session each; reservations carried over as the sweeper writes them
+        (d,) = plan([s], survivors, records, Guard(), settle_s=5.0, now=NOW)
+        assert isinstance(d, Reassign)
+        records[d.host_id] = capacity.reserve(records.get(d.host_id) or HostRecord(host_id=d.host_id),
+                                              d.session_id, d.estimate, d.incarnation, NOW)
+        per_host[d.host_id] += 1
+    assert sorted(per_host.values()) == [2, 2, 2], per_host
+
+
+def test_sweeps_after_the_heartbeats_show_the_arrivals_spread_too():
+    """The same once the survivors' heartbeats show what each took (the reservations settled)."""
+    survivors = {h: host(h, quantum_ms=10.0) for h in ("e1", "e2", "e3")}
+    per_host: Counter[str] = Counter()
+    for s in stranded(6):
+        (d,) = plan([s], list(survivors.values()), {}, Guard(), settle_s=5.0, now=NOW)
+        assert isinstance(d, Reassign)
+        h = survivors[d.host_id]
+        survivors[d.host_id] = msgspec.structs.replace(h, sessions=h.sessions + 1,
+                                                       busy_fraction=h.busy_fraction + d.estimate.busy_fraction)
+        per_host[d.host_id] += 1
+    assert sorted(per_host.values()) == [2, 2, 2], per_host
