@@ -32,8 +32,8 @@ CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", perio
 class EngineProc:
     """`statefleet serve engine_host` as `statefleet up` runs it, with quick checkpoints for the tests."""
 
-    def __init__(self, url: str, host_id: str, tmp: Path, **env: str) -> None:
-        self.url, self.host_id, self.tmp, self.env = url, host_id, tmp, env
+    def __init__(self, url: str, host_id: str, tmp: Path, config: Path | None = None, **env: str) -> None:
+        self.url, self.host_id, self.tmp, self.config, self.env = url, host_id, tmp, config, env
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> EngineProc:
@@ -41,8 +41,10 @@ class EngineProc:
                "SF_PROFILE_BLOCKS": "1", "SF_TORCH_THREADS": "1", "SF_CHECKPOINT_DIR": str(self.tmp / "ckpt"),
                "SF_CHECKPOINT_EVERY_S": "0.5", "SF_ORPHAN_GRACE_S": "1.0", "SF_LOG_JSON": "true", **self.env}
         log = open(self.tmp / f"{self.host_id}.log", "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen([sys.executable, "-m", "statefleet", "serve", "engine_host"], env=env,
-                                     stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        args = [sys.executable, "-m", "statefleet", "serve", "engine_host"]
+        if self.config is not None:  # a TOML file for what the environment cannot say (tables)
+            args += ["--config", str(self.config)]
+        self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         return self
 
@@ -84,10 +86,10 @@ class Stack:
         self.services.append(svc)
         return svc
 
-    async def engines_up(self, *host_ids: str, **env: str) -> None:
+    async def engines_up(self, *host_ids: str, config: Path | None = None, **env: str) -> None:
         """Start engine-host processes and wait until each answers its ping (its heartbeat is in by then)."""
         for h in host_ids:
-            self.engines[h] = EngineProc(self.url, h, self.tmp, **env).start()
+            self.engines[h] = EngineProc(self.url, h, self.tmp, config, **env).start()
         for h in host_ids:
             await eventually(lambda h=h: self.answers(h), 60)
             await eventually(lambda h=h: self.placements_see(h), 10)
@@ -102,13 +104,14 @@ class Stack:
         except errors.StatefleetError:
             return False
 
-    async def create(self, sid: str, guard: Guard | None = None, contract: Contract = CONTRACT) -> Placement:
+    async def create(self, sid: str, guard: Guard | None = None, contract: Contract = CONTRACT,
+                     backend: str = "avatar") -> Placement:
         """Register, place and assign a session as admission does."""
-        req = RegisterRequest(session_id=sid, backend="avatar", seed=3, prompt="narrator",
+        req = RegisterRequest(session_id=sid, backend=backend, seed=3, prompt="narrator",
                               contract=msgspec.msgpack.encode(contract), tier=1)
         self.tokens[sid] = (await bus.request(self.nc, names.FENCE_REGISTER, req, RegisterReply)).token
         placement = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
-            session_id=sid, backend="avatar", contract=contract, guard=guard or Guard()), Placement)
+            session_id=sid, backend=backend, contract=contract, guard=guard or Guard()), Placement)
         await assign(self.nc, self.js, sid, placement.host_id, incarnation=placement.incarnation)
         await eventually(lambda: self.claimed_by(sid, placement.host_id))
         return placement
