@@ -252,6 +252,7 @@ class EngineHostService(Service):
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
                             sessions=len(rt.sessions), profile=rt.refreshed_profile(self.profile),
                             busy_fraction=rt.busy_fraction(), served_fraction=rt.served_fraction(),
+                            measured_fraction=rt.measured_fraction(),
                             state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
                             backends=self.backend_infos, machine=self.motion.machine,
                             incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s)
