@@ -88,8 +88,9 @@ def miss_rate(c: SessionClient, start: float, end: float) -> tuple[int, int]:
 
 
 async def offer(nc, http: aiohttp.ClientSession, admission_url: str, contract: dict, seed: int,
-                backend: str = "avatar") -> tuple[str, dict]:
-    """One create, followed to its end: ('admitted', body) | ('rejected', body) | ('unanswered', body)."""
+                backend: str = "avatar", queue_timeout_s: float = QUEUE_TIMEOUT_S) -> tuple[str, dict]:
+    """One create, followed to its end: ('admitted', body) | ('rejected', body) | ('unanswered', body).
+    `queue_timeout_s`: the stack's admission queue timeout (how long a 202 may wait to be placed)."""
     try:
         async with asyncio.timeout(30):
             status, body = await create(http, admission_url, contract, backend=backend, seed=seed)
@@ -101,7 +102,7 @@ async def offer(nc, http: aiohttp.ClientSession, admission_url: str, contract: d
         return "rejected", body
     if status != 202:
         return "unanswered", body
-    deadline = time.monotonic() + QUEUE_TIMEOUT_S + 10
+    deadline = time.monotonic() + queue_timeout_s + 10
     view: dict = {}
     while time.monotonic() < deadline:  # queued: placed within the queue timeout, or timed out
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):

@@ -176,6 +176,22 @@ def pooled(hosts: Sequence[EngineEntry],
     return out
 
 
+def carried(contract: Contract, backend: str, hosts: Sequence[EngineEntry], guard: Guard) -> dict[str, int]:
+    """How many more sessions of `contract` each device takes (by `device_key`), placed one at a time
+    where `estimate` fits them on the hosts as they are now: hosts sharing a device see its pooled load,
+    so a device's capacity is counted once however many hosts serve it."""
+    held: dict[str, list[Demand]] = {h.host_id: [] for h in hosts}
+    count = {device_key(h): 0 for h in hosts}
+    while True:
+        views = pooled(hosts, lambda h: held[h.host_id])
+        fit = next((e for h in sorted(hosts, key=lambda h: h.host_id)
+                    if (e := estimate(contract, backend, views[h.host_id], held[h.host_id], guard)).fits), None)
+        if fit is None or fit.busy_fraction <= 0:  # nothing fits, or windowless: slots, not device time
+            return count
+        held[fit.host_id].append(Demand(busy_fraction=fit.busy_fraction, state_bytes=fit.state_bytes))
+        count[device_key(views[fit.host_id])] += 1
+
+
 def idle(host: EngineEntry) -> EngineEntry:
     """The host as it would be with nothing on it: to tell "not now" from "never"."""
     return msgspec.structs.replace(host, busy_fraction=0.0, free_memory_bytes=host.memory_bytes,

@@ -179,6 +179,8 @@ class Supervisor:
             env = {**base, **self._auth_env("engine_host", host_id),
                    "SF_HOST_ID": host_id, "SF_INSTANCE_ID": host_id, "SF_DEVICE": device,
                    "SF_CHECKPOINT_DIR": str(self.data_dir / "checkpoints"),
+                   # every host shares this machine's cores: each takes its share of torch threads
+                   "SF_HOSTS_ON_MACHINE": str(self.engines),
                    "SF_METRICS_PORT": str(metrics and metrics + 10 + i)}
             self.children.append(Child(f"engine-{i}", env, self.data_dir / "logs" / f"engine-{i}.log"))
         want = wanted(self.provision_dir, self.host_ids) if self.autoscale else None

@@ -104,6 +104,8 @@ class EngineEntry(Msg):
     backends: list[BackendInfo] = []
     incarnation: str = ""  # random per engine-host process start: a new one is a restarted host
     heartbeat_s: float = 0.0  # how often this host beats; placement declares it dead after missed beats
+    # share of wall time its stages measured themselves running (services/engine_host/device_time.py)
+    measured_fraction: float = 0.0
 
 
 class SessionSummary(Msg):

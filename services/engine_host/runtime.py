@@ -281,6 +281,10 @@ class EngineRuntime:
         return sum(self.costs.estimate(t.shape, t.ladder[0], 1) / t.period_s for t in self.sched.tasks.values()
                    if t.cls in PERIODIC and t.sid not in suspended)
 
+    def measured_fraction(self) -> float:
+        """Share of wall time this host's stages measured themselves running, over the last few seconds."""
+        return self.sink.device_time.fraction(self.clock())
+
     def served_fraction(self) -> float:
         """Share of device time the periodic sessions take at the tiers they are served at now."""
         return self.sched.load()

@@ -35,7 +35,7 @@ from libs.schemas.engine import (
 )
 from libs.service import VERSION, Service
 from libs.telemetry import traced
-from services.engine_host import profile
+from services.engine_host import profile, torch_threads
 from services.engine_host.assignments import Assignments
 from services.engine_host.backends import AvatarConfig, Registry, WorldConfig
 from services.engine_host.runtime import EngineRuntime
@@ -66,9 +66,12 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     profile_blocks: PositiveInt = 5
     verb_timeout_s: PositiveFloat = 30.0
     verb_concurrency: PositiveInt = 16  # requests of one verb (other than input) handled at once
-    # torch intra-op threads (0: torch's default). Stages already run on their own threads; on a
-    # small shared CPU an OpenMP team per stage thread oversubscribes the cores.
+    # torch intra-op threads (0: the machine's cores split between the `hosts_on_machine` engine hosts
+    # that share them). Stages already run on their own threads; on a small shared CPU an OpenMP team
+    # per stage thread per host oversubscribes the cores.
     torch_threads: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # engine hosts sharing this machine's cores (`statefleet up` sets it to the hosts it starts)
+    hosts_on_machine: PositiveInt = 1
     checkpoint_every_s: PositiveFloat = 10.0  # fenced sessions are checkpointed this often (for failover)
     orphan_grace_s: PositiveFloat = 5.0  # a copy assigned away and not moved is closed after this long
     data_bind: str = "127.0.0.1:0"  # the mover's TCP data plane (host:port; port 0 picks one)
@@ -159,8 +162,8 @@ class EngineHostService(Service):
 
     async def setup(self) -> None:
         cfg: EngineHostConfig = self.config
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
+        torch.set_num_threads(cfg.torch_threads or torch_threads.default_count(torch_threads.machine_cores(),
+                                                                               cfg.hosts_on_machine))
         ttl = names.ENGINES_TTL_S  # liveness is placement's to judge; the TTL only clears dead entries
         self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl, replicas=cfg.nats_replicas)
         objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)
@@ -207,7 +210,7 @@ class EngineHostService(Service):
                                        orphan_grace_s=cfg.orphan_grace_s)
         self._taking = self.spawn(self.assignments.run(), "assignments")
         self.log.info("engine_host_ready", host_id=self.host_id, incarnation=self.incarnation,
-                      device=str(self.device),
+                      device=str(self.device), torch_threads=torch.get_num_threads(),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 
     def _measure_profile(self) -> list[ProfileRow]:
@@ -249,6 +252,7 @@ class EngineHostService(Service):
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
                             sessions=len(rt.sessions), profile=rt.refreshed_profile(self.profile),
                             busy_fraction=rt.busy_fraction(), served_fraction=rt.served_fraction(),
+                            measured_fraction=rt.measured_fraction(),
                             state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
                             backends=self.backend_infos, machine=self.motion.machine,
                             incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s)

@@ -22,6 +22,7 @@ from services.engine_host import output as wire
 from services.engine_host.backends import Output
 from services.engine_host.backends.base import block_media_s
 from services.engine_host.costs import CostModel
+from services.engine_host.device_time import DeviceTime
 from services.engine_host.journal import Finished
 from services.engine_host.session import Rejected, Session
 from services.engine_host.stages import BlockJob, BlockWork
@@ -43,10 +44,12 @@ class OutputSink:
         self.costs = costs
         self.fail = fail
         self.clock = clock
+        self.device_time = DeviceTime()
 
     async def take(self, work: BlockWork) -> None:
         """Account every block of a work that came through the stages; learn the quantum's cost."""
         now = self.clock()
+        self.device_time.add(now, sum(work.stage_ms.values()) / 1000)
         for it in work.items:
             if it.error is not None:
                 self.fail(it.data.session, it.error)

@@ -9,11 +9,25 @@ thread that runs model code sets the count itself when it starts.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+
+def default_count(cores: int, hosts_on_machine: int) -> int:
+    """Torch threads for one engine host when none is configured: the machine's cores split between the
+    engine hosts that share them. Torch's own default (every physical core, in every process) made
+    two CPU hosts on a 2-core machine run four compute threads on two cores, about 9x slower under
+    load (docs/decisions.md, "Torch threads split the cores")."""
+    return max(1, cores // max(1, hosts_on_machine))
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's cpuset narrows)."""
+    return len(os.sched_getaffinity(0))
 
 
 def executor(name: str, workers: int = 1) -> ThreadPoolExecutor:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from libs.contracts import Contract, Demand, Guard, Reservations, check_coherence, demand, estimate, floor_row
 from libs.errors import BadRequest
+from libs.schemas.common import EngineEntry, ProfileRow
 from tests.admission.fleet import GIB, c1, host, rows
 
 TIERS = {4, 8, 16}
@@ -157,3 +158,21 @@ def test_reservations_count_until_a_heartbeat_settle_s_later():
     assert res.on(host("h0", at=105.0)) == [] and res.host_of("s1") is None
     res.add("s2", "h0", need, at=100.0)
     assert res.drop("s2") and not res.drop("s2")
+
+
+def test_two_hosts_on_one_device_report_its_capacity_once():
+    """Two engine hosts of one machine's CPU split one device: together they carry what one would, not
+    twice it; hosts on two devices carry one device's capacity each."""
+    from libs.contracts import carried
+
+    row = ProfileRow(backend="world", tier=4, quantum_ms=10.0, block_ms=15.0, state_bytes=1,
+                     media_s_per_block=0.1)
+
+    def on(host_id: str, machine: str) -> EngineEntry:
+        return msgspec.structs.replace(host(host_id, profile=[row]), machine=machine, device="cpu")
+
+    guard = Guard(busy_fraction=0.1)
+    shared = carried(c1(period_ms=100.0), "world", [on("e0", "m1"), on("e1", "m1")], guard)
+    assert shared == {"m1/cpu": 9}  # 9 × 0.1 fills 0.9 of the one device
+    apart = carried(c1(period_ms=100.0), "world", [on("e0", "m1"), on("e1", "m2")], guard)
+    assert apart == {"m1/cpu": 9, "m2/cpu": 9}
