@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 
 from libs import bus, bus_auth
 from libs.natsd import NatsServer, start_cluster
+from services.fence.service import FenceConfig, FenceService
 
 # Engine hosts the per-test server has users for; stack tests name their hosts from these.
 ENGINE_HOSTS = ("e0", "e1", "e2", "h0", "h1", "h2")
@@ -67,3 +68,13 @@ def nats_cluster(tmp_path):
     yield nodes
     for node in nodes:
         node.stop()
+
+
+@pytest.fixture
+async def fence(nats_server):
+    """One fence service on the per-test server (a folder needing other settings defines its own)."""
+    svc = FenceService(FenceConfig(nats_url=nats_server.url, http_port=0, log_json=False))
+    await svc.start()
+    yield svc
+    if not svc.nc.is_closed:  # a test may have stopped it already
+        await svc.stop()

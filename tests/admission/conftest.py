@@ -11,7 +11,6 @@ from libs import bus, names
 from libs.schemas.base import encode
 from libs.schemas.common import EngineEntry
 from services.admission.service import AdmissionConfig, AdmissionService
-from services.fence.service import FenceConfig, FenceService
 from services.placement.service import PlacementConfig, PlacementService
 from tests.admission.fleet import host
 
@@ -47,15 +46,6 @@ async def placement(nats_server):
     await svc.start()
     yield svc
     await svc.stop()
-
-
-@pytest.fixture
-async def fence(nats_server):
-    svc = FenceService(FenceConfig(nats_url=nats_server.url, http_port=0, log_json=False))
-    await svc.start()
-    yield svc
-    if not svc.nc.is_closed:  # a test may have stopped it already
-        await svc.stop()
 
 
 @pytest.fixture

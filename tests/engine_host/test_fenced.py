@@ -8,14 +8,13 @@ import json
 
 import aiohttp
 import msgspec
-import pytest
 
 from libs import bus, names
 from libs.contracts import Contract
 from libs.fence.ownership import assign, read_owner
 from libs.schemas.fence import MetaRequest, RegisterReply, RegisterRequest, SessionMeta
 from services.engine_host.service import EngineHostConfig, EngineHostService
-from services.fence.service import FenceConfig, FenceService
+from services.fence.service import FenceService
 
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=50.0)
 
@@ -27,14 +26,6 @@ async def start_host(url: str, host_id: str, tmp_path, **kw) -> EngineHostServic
     svc = EngineHostService(cfg)
     await svc.start()
     return svc
-
-
-@pytest.fixture
-async def fence(nats_server):
-    svc = FenceService(FenceConfig(nats_url=nats_server.url, http_port=0, log_json=False))
-    await svc.start()
-    yield svc
-    await svc.stop()
 
 
 async def register(nc, sid: str) -> str:

@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 
 from libs.fence.ownership import read_owner
-from tests.admission.conftest import ADMIN_TOKEN, admission_config, fence, fleet, placement, start_admission  # noqa: F401
+from tests.admission.conftest import ADMIN_TOKEN, admission_config, fleet, placement, start_admission  # noqa: F401
 from tests.admission.test_api import body, eventually, problem, sees
 
 

@@ -13,7 +13,7 @@ from libs.fence.ownership import assign
 from libs.schemas.base import decode
 from libs.schemas.engine import OutputChunk
 from tests.engine_host.conftest import one_torch_thread  # noqa: F401  (autouse: one torch thread)
-from tests.engine_host.test_fenced import claimed_by, eventually, fence, register, start_host  # noqa: F401
+from tests.engine_host.test_fenced import claimed_by, eventually, register, start_host  # noqa: F401
 
 
 async def post(fence_svc, sid: str, token: str, body: dict) -> tuple[int, dict]:

@@ -16,7 +16,7 @@ from libs.motion import crc
 from libs.motion.endpoint import MotionEndpoint
 from libs.motion.slot import SlotState
 from libs.schemas.common import Ping, Pong
-from libs.schemas.motion import MoveReceipt, MoveRequest
+from libs.schemas.motion import MoveReceipt, MoveRequest, Verified
 from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
 from tests.motion.dicthost import DictHost, advance, make_tree, tree_bytes
@@ -261,3 +261,32 @@ async def test_malformed_move_requests_get_typed_errors(nc, fleet):
         req = dict(session_id="s1", source="a", dest="b", deadline_s=1.0) | bad
         with pytest.raises(SchemaError):
             await move(nc, **req)
+
+
+class NaySayingEndpoint(MotionEndpoint):
+    """A destination whose verify answers "not ok" although its slot verified: one that would install
+    whatever a commit asks. Only the coordinator's own rule stands between it and a commit."""
+
+    async def _on_verify(self, req):
+        await super()._on_verify(req)
+        return Verified(ok=False, reason="refused by this destination", staging="")
+
+
+async def test_a_move_whose_verify_said_no_commits_nothing(nc, fleet):
+    """The coordinator commits only after the destination's verify said ok (issue 22: a coordinator
+    that committed after a failed verify was caught only by the receipt's reason string, since the
+    real destination re-verifies on commit). Seen failing against that violation: the receipt said
+    committed and the destination held the session."""
+    hosts, _, _, receipts = fleet
+    hosts["a"].add("s1", make_tree(5))
+    before = tree_bytes(hosts["a"].trees["s1"])
+    dest = DictHost()
+    ep = NaySayingEndpoint(nc, "d", dest)
+    await ep.start()
+    try:
+        r = await move(nc, session_id="s1", source="a", dest="d", deadline_s=30)
+        assert r.outcome == "rolled_back"
+        assert dest.installs == 0 and "s1" not in dest.trees and not ep.committed
+        assert tree_bytes(hosts["a"].trees["s1"]) == before  # the source still holds it, authoritative
+    finally:
+        await ep.stop()

@@ -23,18 +23,9 @@ from libs.fence import block_journal
 from libs.fence.ownership import read_owner
 from libs.schemas.engine import OutputChunk, SessionInfo, SessionRef
 from libs.schemas.fence import BlockEntry, MetaRequest, RegisterReply, RegisterRequest, SessionMeta
-from services.fence.service import FenceConfig, FenceService
 
 # T0: blocks never coalesced, bits reproducible. 50 ms blocks keep the test short on a busy CPU.
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T0", period_ms=50.0)
-
-
-@pytest.fixture
-async def fence(nats_server):
-    svc = FenceService(FenceConfig(nats_url=nats_server.url, http_port=0, log_json=False))
-    await svc.start()
-    yield svc
-    await svc.stop()
 
 
 class HostProcess:

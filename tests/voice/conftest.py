@@ -13,7 +13,7 @@ from libs.schemas.fence import RegisterReply, RegisterRequest
 from services.engine_host.backends.talking_head import TalkingHeadBackend
 from statefleet.client import AvatarStream
 from tests.fence.conftest import http  # noqa: F401 (a fixture)
-from tests.recovery.conftest import claimed_by, eventually, fence, hosts  # noqa: F401 (fixtures)
+from tests.recovery.conftest import claimed_by, eventually, hosts  # noqa: F401 (fixtures)
 
 BACKEND = TalkingHeadBackend()
 # T0: bits reproducible on a replacement; the period is the backend's media per block (real time).
