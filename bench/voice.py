@@ -22,6 +22,7 @@ Targets: audio-to-frame p95 <= 2 periods + 50 ms; clear p95 <= 1 period + 50 ms;
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import tempfile
 import time
@@ -33,6 +34,8 @@ import numpy as np
 
 from bench.common import parser, percentile, table, write
 from bench.stack import UpStack
+from bench.voice_path import BusWatch, FirstSample, engine_split, first_sample, legs
+from libs import bus
 from libs.audio_resample import Resampler
 from statefleet.client import AvatarBlock, AvatarStream
 
@@ -51,6 +54,9 @@ def speech(seconds: float, seed: int) -> np.ndarray:
 class Session:
     stream: AvatarStream
     index: int
+    sid: str = ""
+    watch: BusWatch = field(default_factory=BusWatch)
+    path: list[FirstSample] = field(default_factory=list)  # where each first sample's ms went
     blocks: list[AvatarBlock] = field(default_factory=list)
     expected: list[np.ndarray] = field(default_factory=list)  # what should have played, utterance by utterance
     first_sample: list[float] = field(default_factory=list)  # audio_to_frame samples, ms
@@ -85,6 +91,8 @@ class Session:
         pushing = asyncio.create_task(self.stream.push_audio(pcm, RATE_IN))
         first = await self.wait(lambda: next((b for b in self.blocks[start_block:] if b.audio.shape[0]), None))
         self.first_sample.append((first.received_at - posted) * 1000)
+        if (leg := first_sample(self.stream, posted, first, self.watch)) is not None:
+            self.path.append(leg)
         if on_playing is not None:
             await on_playing(self)
         if clear_at is not None:
@@ -132,8 +140,10 @@ async def create(http: aiohttp.ClientSession, url: str, seed: int) -> dict:
         return created
 
 
-async def open_session(http, stack: UpStack, i: int) -> Session:
-    s = Session(await AvatarStream.open(await create(http, stack.admission_url, i + 1)), i)
+async def open_session(http, nc, stack: UpStack, i: int) -> Session:
+    created = await create(http, stack.admission_url, i + 1)
+    s = Session(await AvatarStream.open(created), i, created["session_id"])
+    await s.watch.start(nc, s.sid)
     s.reader = asyncio.create_task(s.read())
     return s
 
@@ -141,17 +151,22 @@ async def open_session(http, stack: UpStack, i: int) -> Session:
 async def run(args) -> dict:
     n, utterances = (2, 2) if args.quick else (4, 3)
     with tempfile.TemporaryDirectory(prefix="bench-voice-") as tmp:
-        data_dir = Path(args.json).parent / "bench-voice-stack" if args.keep else Path(tmp)
+        # A kept dir is the run's own: a stack started on an earlier run's NATS data would recover that
+        # run's sessions (admission and placement do) and serve them beside ours.
+        kept = Path(args.json).parent / f"bench-voice-stack-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        data_dir = kept if args.keep else Path(tmp)
         stack = UpStack(data_dir, engines=2).start()
         try:
-            await stack.ready()
+            await stack.ready(timeout_s=600)  # engine hosts profile every backend at start: minutes under load
+            nc = await bus.connect(stack.cli_url(), name="bench-voice")
             async with aiohttp.ClientSession(headers=stack.admin_headers()) as http:
-                alone = await open_session(http, stack, 0)
+                alone = await open_session(http, nc, stack, 0)
                 for _ in range(3):
                     await alone.utterance(1.0)
-                sessions = [alone] + [await open_session(http, stack, i) for i in range(1, n)]
-                base = list(alone.first_sample)
+                sessions = [alone] + [await open_session(http, nc, stack, i) for i in range(1, n)]
+                base, base_path = list(alone.first_sample), list(alone.path)
                 alone.first_sample.clear()
+                alone.path.clear()
 
                 async def speak(s: Session) -> None:
                     for u in range(utterances):
@@ -160,6 +175,7 @@ async def run(args) -> dict:
 
                 await asyncio.gather(*(speak(s) for s in sessions))
                 steady_underruns = sum(s.underruns for s in sessions)
+                split = await engine_split(nc, stack.host_ids, {s.sid for s in sessions})
 
                 async def kill_owner(s: Session) -> None:
                     await asyncio.sleep(1.0)
@@ -182,6 +198,7 @@ async def run(args) -> dict:
             skew = [abs(b.audio_at - b.frames_at) * 1000 for s in sessions for b in s.blocks]
             for s in sessions:
                 await s.stream.close()
+            await nc.close()
         finally:
             stack.stop()
     a2f95 = percentile(first, 95)
@@ -193,6 +210,9 @@ async def run(args) -> dict:
         "audio_to_frame_ratio_vs_alone": a2f95 / max(1e-9, percentile(base, 95)),
         "clear_ms_p95": percentile(clears, 95), "av_skew_ms_p95": percentile(skew, 95),
         "underruns": steady_underruns, "underruns_with_failover": sum(s.underruns for s in sessions) - steady_underruns,
+        "audio_to_frame_path": {"concurrent": legs([x for s in sessions for x in s.path]),
+                                "alone": legs(base_path), "engine": split,
+                                "grid_wait_floor_ms_p50": PERIOD_MS / 2, "grid_wait_floor_ms_p95": 0.95 * PERIOD_MS},
         "lost_audio_ms": sum(e[0] for e in errors), "repeated_audio_ms": sum(e[1] for e in errors),
         "targets": {"audio_to_frame_ms_p95": 2 * PERIOD_MS + 50, "clear_ms_p95": PERIOD_MS + 50,
                     "av_skew_ms_p95": 20.0, "lost_audio_ms": 0, "repeated_audio_ms": 0},
@@ -208,6 +228,9 @@ def main() -> None:
     table([(k, result[k], f"target <= {t[k]}" if k in t else "") for k in
            ("audio_to_frame_ms_p50", "audio_to_frame_ms_p95", "audio_to_frame_ms_p95_alone", "clear_ms_p95",
             "av_skew_ms_p95", "underruns", "underruns_with_failover", "lost_audio_ms", "repeated_audio_ms")])
+    path = result["audio_to_frame_path"]
+    table([(f"{part}.{k}", v, "") for part in ("concurrent", "alone", "engine") for k, v in path[part].items()
+           if k != "taken_at"])
     write(args.json, result)
 
 

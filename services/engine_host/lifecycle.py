@@ -19,7 +19,7 @@ from libs.errors import BadRequest, Busy, Conflict
 from libs.schemas.engine import OpenSession, SessionInfo
 from libs.session_classes import PERIODIC, coalescable
 from services.engine_host.backends import Backend
-from services.engine_host.backends.base import init_kinds, max_init_bytes
+from services.engine_host.backends.base import init_kinds, max_init_bytes, paced_output
 from services.engine_host.costs import Backends, shape_of
 from services.engine_host.metrics import SessionStats
 from services.engine_host.pipeline import StagePipeline
@@ -87,7 +87,7 @@ class Lifecycle:
         s = Session(spec=spec, backend=backend, shape=shape_of(backend), state=state,
                     stats=SessionStats(spec.session_id, spec.backend, backend.media_s_per_block, now),
                     last_end=now)
-        if spec.session_class == "C1" and self.c1_pacing:
+        if spec.session_class == "C1" and self.c1_pacing and paced_output(backend):
             s.playout = Playout(spec.period_ms / 1000)
         s.idle.set()
         await self.pipeline.open(spec.session_id)

@@ -29,7 +29,12 @@ if TYPE_CHECKING:
     from services.engine_host.journal import OutputJournal
 
 SID_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # session ids become NATS subject tokens: fullmatch only
-MAX_PENDING_INPUTS = 256
+# Items accepted and waiting for a block. Fence's owner credit keeps this at its max_unapplied_items
+# (256) except behind a `clear`, which is released at once with every item stored before it (up to
+# max_pending_items, 1024, more): the bound is above both, so a clear is never held behind it and is
+# applied by the next block, with everything before it (#26). Only a fence configured past it, or a
+# bug, meets it (Busy: the lease waits for a block to take the queue).
+MAX_PENDING_INPUTS = 2048
 MAX_FAILED_KEPT = 256  # why recently failed sessions went, for their status; older reasons are dropped
 
 SessionStatus = Literal["running", "suspended", "closing", "failed"]

@@ -25,7 +25,9 @@ import itertools
 import json
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -39,6 +41,17 @@ from statefleet.client.blocks import AvatarBlock, BlockAssembler
 
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # backoff of resends and socket reopenings (the last repeats)
 _chunk = msgspec.msgpack.Decoder(OutputChunk)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One item fence stored: its seq and kind, when its first post was sent and when it was answered
+    (the stream's clock): the ingress part of a sample's latency."""
+
+    seq: int
+    kind: str
+    sent_at: float
+    stored_at: float
 
 
 class AvatarStream:
@@ -66,6 +79,7 @@ class AvatarStream:
         self.resends = 0
         self.dropped_blocks = 0  # delivered while nobody iterated and the queue was full
         self.last_seq = 0
+        self.stored: deque[Stored] = deque(maxlen=64)  # the last items stored, newest last
         self._reader: asyncio.Task | None = None
         self._connected = asyncio.Event()
 
@@ -152,7 +166,8 @@ class AvatarStream:
         """Store one item at fence, resending (same id) until it is stored or refused for good."""
         assert self._http is not None, "start() the stream first"
         body = json.dumps({"kind": kind, "data": data, "id": next(self._ids)}).encode()
-        deadline = self.clock() + self.give_up_s
+        sent_at = self.clock()
+        deadline = sent_at + self.give_up_s
         for attempt in itertools.count():
             try:
                 async with self._http.post(self.input_url, data=body, headers={**self._headers,
@@ -161,6 +176,7 @@ class AvatarStream:
                     answer = await resp.json(content_type=None)
                     if resp.status == 200:
                         self.last_seq = answer["seq"]
+                        self.stored.append(Stored(answer["seq"], kind, sent_at, self.clock()))
                         return answer["seq"]
                     retry = resp.status in (408, 429, 503)
                     error = errors.by_code(answer.get("code", ""))(answer.get("detail", ""), status=resp.status,

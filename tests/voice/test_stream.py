@@ -1,10 +1,12 @@
 """`AvatarStream` against a real stack: what comes out is exactly the audio that went in (resampled),
-in order, once, with frames; `segment_end` and `clear` are answered; and a SIGKILL of the owning engine
-host mid-utterance loses and repeats nothing."""
+in order, once, with frames; `segment_end` and `clear` are answered; bad input sent while it plays is
+refused and changes nothing it plays; and a SIGKILL of the owning engine host mid-utterance loses and
+repeats nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import signal
 
 import numpy as np
@@ -12,7 +14,8 @@ import pytest
 
 from libs.fence.ownership import assign, read_owner
 from statefleet.client import AvatarStream, Resampler
-from tests.voice.conftest import BACKEND, claimed_by, eventually, serving
+from tests.fence.conftest import post
+from tests.voice.conftest import BACKEND, claimed_by, eventually, register, serving
 from tests.voice.helpers import tone
 
 pytestmark = pytest.mark.slow
@@ -73,6 +76,39 @@ async def test_audio_in_gives_the_same_audio_and_frames_out_and_controls_are_ans
         assert heard.shape[0] + cleared.dropped == sent < long.shape[0]  # the rest was never sent at all
         assert played(tail).shape[0] == 0  # idle frames after the clear
         assert stream.resends == 0 and not stream.rejected
+    finally:
+        await stream.close()
+
+
+def _audio(pcm: np.ndarray, rate: int = 16000) -> dict:
+    return {"kind": "audio", "data": {"pcm": base64.b64encode(pcm.astype("<i2").tobytes()).decode(),
+                                      "sample_rate": rate}}
+
+
+async def test_bad_input_while_it_plays_is_refused_and_the_session_plays_on_unchanged(nc, fence, hosts, http):
+    h1 = hosts("h1")
+    await h1.ready(nc)
+    stream, token = await serving(nc, fence, "h1", "voice3", lead_s=0.5)
+    other = await register(nc, "voice3-other")
+    try:
+        speech = tone(2.0, freq=210)
+        pushing = asyncio.create_task(stream.push_audio(speech))
+        first = await collect(stream, lambda bs: played(bs).shape[0] > 0)
+        bad = [(_audio(tone(0.1, rate=24000), rate=24000), 422), (_audio(tone(1.5)), 413),  # rate, size
+               ({"kind": "audio", "data": {"pcm": "", "sample_rate": 16000}}, 400),  # empty
+               ({"kind": "audio", "data": base64.b64encode(b"\x01\x02\x03").decode()}, 400)]  # half a sample
+        for body, status in bad:
+            assert (await post(http, fence, "voice3", token, body))[0] == status
+        for kind in ("clear", "segment_end"):  # another session's token
+            assert (await post(http, fence, "voice3", other, {"kind": kind, "data": {}}))[0] in (401, 403)
+        await pushing
+        seg = await stream.end_segment()
+        rest = await collect(stream, lambda bs: bool(events(bs, "segment_done")))
+        blocks = first + rest
+        assert np.array_equal(played(blocks), speech)  # every good sample, once, in order: nothing else
+        assert [e.seq for e in events(blocks, "segment_done")] == [seg] and not events(blocks, "cleared")
+        items = -(-speech.shape[0] // stream.chunk_samples)
+        assert seg == items + 1 and not stream.rejected  # the refused items took no seq, none reached the engine
     finally:
         await stream.close()
 

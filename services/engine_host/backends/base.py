@@ -39,7 +39,8 @@ class Backend(Protocol):
     """Built as `cls(config, device)` from its msgpack `config_type`, once per (name, config) on a
     host and shared by every session of that config. Optional hooks (see the helpers below):
     `rebuild(state)` (required when the spec has `rebuildable` leaves), `forward_passes(tier)`,
-    `block_media_s(block)`; optional attributes `init_kinds` and `max_init_bytes` (see `init_kinds`)."""
+    `block_media_s(block)`; optional attributes `init_kinds` and `max_init_bytes` (see `init_kinds`),
+    `client_paced` (see `paced_output`)."""
 
     name: ClassVar[str]
     config_type: ClassVar[type]
@@ -106,6 +107,14 @@ def max_init_bytes(backend: Backend) -> int:
     """The most image + audio bytes a session of this backend starts from (`max_init_bytes`, at
     most the bus-wide `MAX_INIT_BYTES`)."""
     return min(getattr(backend, "max_init_bytes", MAX_INIT_BYTES) or MAX_INIT_BYTES, MAX_INIT_BYTES)
+
+
+def paced_output(backend: Backend) -> bool:
+    """Whether a C1 session's blocks wait for their playout point (engine_host/playout.py). Yes unless
+    the backend says its clients pace the media themselves (`client_paced = True`): a voice agent's
+    transport plays the audio at real time and shows each frame with its audio, so a hold on the
+    sending side would only add up to a period to the agent's audio-to-face latency."""
+    return not getattr(backend, "client_paced", False)
 
 
 def forward_passes(backend: Backend, tier: int) -> int:

@@ -72,6 +72,9 @@ class TalkingHeadBackend:
     config_type: ClassVar[type] = TalkingHeadConfig
     input_kinds = frozenset({"audio", "clear", "segment_end"})
     batchable = True
+    # Its clients (AvatarStream under a voice agent's transport) play the audio at real time and each
+    # frame with its audio: no playout hold on the host, which would add up to a period of latency.
+    client_paced = True
     sample_rate = AUDIO_SAMPLE_RATE
 
     def __init__(self, config: TalkingHeadConfig | None = None, device: torch.device | str = "cpu",
