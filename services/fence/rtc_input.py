@@ -30,27 +30,27 @@ class ChannelInput:
     def __init__(self, ingress: Ingress, session_id: str, token: str, send: Callable[[str], None]) -> None:
         self.ingress, self.session_id, self.token, self.send = ingress, session_id, token, send
         self.unanswered = 0
-        self._bodies: asyncio.Queue[bytes | errors.StatefleetError] = asyncio.Queue()
+        self._bodies: asyncio.Queue[tuple[bytes, errors.StatefleetError | None]] = asyncio.Queue()
         self._answers: asyncio.Queue[tuple[str | None, asyncio.Future | errors.StatefleetError]] = asyncio.Queue()
         self._tasks = [asyncio.create_task(self._submit()), asyncio.create_task(self._answer())]
 
     def message(self, data: str | bytes) -> None:
         body = data.encode() if isinstance(data, str) else bytes(data)
         self.unanswered += 1
-        if self.unanswered > WS_WINDOW:
-            self._bodies.put_nowait(errors.Busy(f"{WS_WINDOW} items are unanswered on this channel; wait for "
-                                                "their answers", retry_after_s=1))
-        else:
-            self._bodies.put_nowait(body)
+        refused = None
+        if self.unanswered > WS_WINDOW:  # answered in its turn, with its id, and never submitted
+            refused = errors.Busy(f"{WS_WINDOW} items are unanswered on this channel; wait for their answers",
+                                  retry_after_s=1)
+        self._bodies.put_nowait((body, refused))
 
     async def _submit(self) -> None:
         """Items validated and queued for storing in the order they came."""
         while True:
-            body = await self._bodies.get()
-            item_id = _item_id(body) if isinstance(body, bytes) else None
+            body, refused = await self._bodies.get()
+            item_id = _item_id(body)
             answer: errors.StatefleetError | asyncio.Future[Any]
-            if isinstance(body, errors.StatefleetError):
-                answer = body
+            if refused is not None:
+                answer = refused
             else:
                 try:
                     answer = await self.ingress.submit(self.session_id, self.token, body)

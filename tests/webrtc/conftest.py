@@ -4,8 +4,6 @@ module, and sessions created through admission's API as the page creates them. L
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 import pytest
 
@@ -29,12 +27,3 @@ async def create_session(s: Stack, backend: str = "avatar", **contract) -> dict:
 
 def rtc_url(created: dict) -> str:
     return created["input_url"].removesuffix("/items") + "/rtc"
-
-
-async def eventually(predicate, timeout_s: float = 60.0) -> None:
-    """Wait for a condition (checked every 50 ms), failing after `timeout_s`: no sleep stands in for it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)

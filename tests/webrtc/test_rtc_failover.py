@@ -9,7 +9,7 @@ import pytest
 
 from libs.rtc_viewer import RtcViewer
 from tests.failover.conftest import Stack
-from tests.webrtc.conftest import eventually
+from tests.support.waiting import eventually
 
 pytest.importorskip("aiortc", reason="the webrtc extra (`make install` installs it)")
 

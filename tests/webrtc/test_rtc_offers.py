@@ -1,9 +1,13 @@
 """Hostile and over-limit offers: each gets a 4xx (or 503) problem and changes nothing: no peer connection
-is left, no other viewer is disturbed, the session goes on with the same owner."""
+is left, no other viewer is disturbed, the session goes on with the same owner. Viewers that never finish
+negotiating or stop reading are dropped, and counted."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import signal
+import sys
 
 import msgspec
 import pytest
@@ -11,7 +15,9 @@ from aiortc import RTCPeerConnection
 
 from libs import rtc_ice
 from libs.rtc_viewer import RtcViewer, offer
-from tests.webrtc.conftest import create_session, eventually, rtc_url
+from tests.hardening.test_net_limits import refused
+from tests.support.waiting import eventually
+from tests.webrtc.conftest import create_session, rtc_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -104,3 +110,49 @@ async def test_a_viewer_that_never_completes_negotiation_is_dropped(stack):
     finally:
         rtc.limits = limits
         await pc.close()
+
+
+VIEWER = """
+import asyncio, sys
+from libs.rtc_viewer import RtcViewer
+
+async def main():
+    viewer = RtcViewer(sys.argv[1], sys.argv[2], audio=False)
+    await viewer.connect()
+    print(viewer.peer_id, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_viewer_that_stops_reading_is_dropped_and_counted(stack):
+    """A viewer process frozen (SIGSTOP) acknowledges nothing: what fence sends it piles up unsent, and past
+    max_buffered_bytes the peer is closed as a slow reader (counted), while a viewer that reads goes on."""
+    created = await create_session(stack)
+    url, token = rtc_url(created), created["input_token"]
+    rtc = stack.fence.rtc
+    limits = rtc.limits
+    rtc.limits = dataclasses.replace(limits, max_buffered_bytes=4096)  # a few seconds of block messages
+    before = await refused(stack.fence, "sf_fence_rtc_refused_total", "slow_reader")
+    reader = RtcViewer(url, token, audio=False)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", VIEWER, url, token,
+                                                stdout=asyncio.subprocess.PIPE)
+    try:
+        await reader.connect()
+        frozen_id = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode().strip()
+        frozen = rtc.peers[frozen_id]
+        await eventually(lambda: frozen.blocks.last_started > 0, timeout_s=60, what="the frozen viewer served")
+        proc.send_signal(signal.SIGSTOP)
+        await eventually(lambda: frozen_id not in rtc.peers, timeout_s=120, what="the frozen viewer dropped")
+        assert frozen.reason == "viewer stopped reading", frozen.reason
+        assert await refused(stack.fence, "sf_fence_rtc_refused_total", "slow_reader") == before + 1
+        seen = len(reader.blocks)
+        await reader.wait_for(lambda: len(reader.blocks) >= seen + 2)
+        assert list(rtc.peers) == [reader.peer_id] and reader.pc.connectionState == "connected"
+    finally:
+        rtc.limits = limits
+        proc.kill()
+        await proc.wait()
+        await reader.close()
+    await eventually(lambda: not rtc.peers)

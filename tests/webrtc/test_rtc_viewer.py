@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
+import msgspec
 import pytest
 
 from libs.rtc_viewer import RtcViewer
+from services.fence.ingress import WS_WINDOW
 from tests.browser.conftest import ADMIN_TOKEN
-from tests.webrtc.conftest import create_session, eventually, rtc_url
+from tests.support.waiting import eventually
+from tests.webrtc.conftest import create_session, rtc_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -78,3 +83,46 @@ async def test_a_live_move_keeps_the_connection_and_plays_every_block_once(stack
     finally:
         await viewer.close()
     await eventually(lambda: not stack.fence.rtc.peers)
+
+
+async def test_at_most_a_window_of_items_is_unanswered_and_one_beyond_it_is_refused_unstored(stack, monkeypatch):
+    """The data channel's input window (WS_WINDOW, as on the socket): with every store's answer held,
+    the first WS_WINDOW items are taken for storing and the rest answered 429 in their turn, never stored."""
+    created = await create_session(stack)
+    viewer = RtcViewer(rtc_url(created), created["input_token"], audio=False)
+    await viewer.connect()
+    appender = stack.fence.ingress.appender
+    real_submit, taken, gate = appender.submit, [], asyncio.Event()
+
+    def held_submit(*args, **kwargs) -> asyncio.Future:
+        stored = real_submit(*args, **kwargs)  # stored for real; only its answer waits for the gate
+        taken.append(stored)
+
+        async def answer_after_gate():
+            await gate.wait()
+            return await stored
+        return asyncio.ensure_future(answer_after_gate())
+
+    monkeypatch.setattr(appender, "submit", held_submit)
+    sent = WS_WINDOW + 6
+    try:
+        channel_input = stack.fence.rtc.peers[viewer.peer_id].input
+        for i in range(sent):
+            viewer.channel.send(msgspec.json.encode({"kind": "text", "data": f"item {i}", "id": f"w{i}"}).decode())
+        await eventually(lambda: channel_input.unanswered == sent and len(taken) == WS_WINDOW, timeout_s=60,
+                         what="every item read, the window's worth taken for storing")
+        assert viewer._acks.empty(), "answers go in order: none before the first store's"
+        gate.set()
+        acks = [await asyncio.wait_for(viewer._acks.get(), 60) for _ in range(sent)]
+        assert [a.get("id") for a in acks] == [f"w{i}" for i in range(sent)], acks
+        seqs = [a.get("seq") for a in acks[:WS_WINDOW]]
+        assert seqs == list(range(seqs[0], seqs[0] + WS_WINDOW)), acks[:WS_WINDOW]
+        assert all(a["error"]["status"] == 429 and "unanswered" in a["error"]["detail"] for a in acks[WS_WINDOW:]), \
+            acks[WS_WINDOW:]
+        assert len(taken) == WS_WINDOW and channel_input.unanswered == 0
+        monkeypatch.undo()
+        after = await viewer.send({"kind": "text", "data": "after the window", "id": "after"})
+        assert after == {"seq": seqs[-1] + 1, "id": "after"}, "the refused items took no seq"
+    finally:
+        gate.set()
+        await viewer.close()
