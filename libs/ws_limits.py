@@ -64,15 +64,16 @@ class SocketGate:
     async def send(self, request: web.Request, ws: web.WebSocketResponse, data: str | bytes) -> bool:
         """Send one message; False (and the socket closed) when the client did not take it in time."""
         transport = request.transport  # taken first: aiohttp forgets it once it gives up on a close
+        send = ws.send_str(data) if isinstance(data, str) else ws.send_bytes(data)
         try:
-            # a timeout scope, not wait_for: on Python 3.11 wait_for runs the send as a task of its own,
-            # two loop turns later, which spread one socket's answers out and so its client's next
-            # frames, until ingress stored them ~2 per write instead of ~14 (docs/bench-gateway.md)
-            async with asyncio.timeout(self.limits.send_timeout_s):
-                if isinstance(data, str):
-                    await ws.send_str(data)
-                else:
-                    await ws.send_bytes(data)
+            if transport is not None and _fits(transport, len(data)):
+                await send  # lands in the transport's buffer below its high-water mark: cannot wait
+            else:
+                # a timeout scope, not wait_for: on Python 3.11 wait_for runs the send as a task of its
+                # own, two loop turns later, which spread a socket's answers out, and with them its
+                # client's next frames (docs/bench-gateway.md)
+                async with asyncio.timeout(self.limits.send_timeout_s):
+                    await send
         except TimeoutError:
             REFUSED.add(1, {"reason": "slow_reader"})
             # A close frame cannot pass a buffer the client does not drain, and a graceful close
@@ -83,6 +84,12 @@ class SocketGate:
         except ConnectionError:
             return False
         return True
+
+
+def _fits(transport: asyncio.WriteTransport, size: int) -> bool:
+    """A write of `size` bytes (plus a frame header) leaves the buffer below the high-water mark, so the
+    transport does not pause writing and the send returns without waiting for the client: no timer."""
+    return transport.get_write_buffer_size() + size + 16 < transport.get_write_buffer_limits()[1]
 
 
 async def _close(request: web.Request, ws: web.WebSocketResponse, code: int, reason: str) -> None:
