@@ -9,6 +9,7 @@ run it takes a few figures, each a ratio against a baseline measured in that sam
 benchmark has one, and compares the median of the repeats with the last recorded run in
 `bench/baselines.json`. A figure *moved* when the two medians differ by more than the noise this run
 measured in its own repeats (the spread, max − min, of its repeats); only those are printed as moved.
+A seeded decision count (the fence race's conflicts) is compared exactly: any run that differs.
 
 Not a CI gate: these machines are too noisy for one. Run it (under the bench lock) before a change
 to a hot path lands and keep its output with the change. `--record REASON` writes this run as the
@@ -115,10 +116,10 @@ def compare(figures: dict[str, dict[str, Any]], baselines: dict[str, Any]) -> li
         row = {"figure": name, **now, "baseline": base["median"] if base else None, "verdict": "no baseline"}
         if base is not None:
             delta = now["median"] - base["median"]
-            if abs(delta) <= now["noise"] and (better[name] != "equal" or delta == 0):
+            if better[name] == "equal":  # a seeded decision count: any run that differs is a change
+                row["verdict"] = "same" if all(x == base["median"] for x in now["runs"]) else "CHANGED"
+            elif abs(delta) <= now["noise"]:
                 row["verdict"] = "within noise"
-            elif better[name] == "equal":
-                row["verdict"] = "CHANGED"
             else:
                 improved = (delta > 0) == (better[name] == "higher")
                 row["verdict"] = "moved: better" if improved else "MOVED: WORSE"
@@ -136,7 +137,7 @@ def show(rows: list[dict[str, Any]], baselines: dict[str, Any]) -> None:
         change = f"{100 * r['change']:+.1f}%" if r.get("change") is not None else ""
         print(f"  {r['figure']:<{width}}  {base:>10} -> {r['median']:<10.4g} ±{r['noise']:<9.3g} {change:>8}  "
               f"{r['verdict']}")
-    moved = [r for r in rows if r["verdict"] not in ("within noise", "no baseline")]
+    moved = [r for r in rows if r["verdict"] not in ("within noise", "same", "no baseline")]
     print(f"{len(moved)} of {len(rows)} figures moved by more than their noise"
           + (": " + ", ".join(f"{r['figure']} ({r['verdict']})" for r in moved) if moved else ""))
 
