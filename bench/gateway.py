@@ -25,7 +25,7 @@ import aiohttp
 
 from bench.common import parser, percentile, progress, table, write
 from libs import bus
-from libs.fence import ownership
+from libs.fence import ownership, session_log
 from libs.fence.client import EngineClient, Lease
 from libs.natsd import NatsServer, free_port
 from libs.schemas.fence import RegisterReply, RegisterRequest
@@ -76,6 +76,27 @@ async def baseline(nc, n: int) -> list[float]:
         out.append((await got.get() - t0) * 1000)
     await sub.unsubscribe()
     return out
+
+
+async def cas_appends_per_s(nc, writers: int, per_writer: int) -> float:
+    """The floor under every release: bare JetStream compare-and-set appends, `writers` sessions each
+    appending in turn with the headers a release carries (last sequence of the session's whole log)."""
+    js = nc.jetstream()
+    await bus.ensure_stream(js, bus.StreamSpec("BENCH_CAS", ["bench.cas.>"]))
+
+    async def writer(i: int) -> None:
+        last = 0
+        for _ in range(per_writer):
+            ack = await js.publish(f"bench.cas.{i}.h", PAYLOAD, headers={
+                session_log.EXPECTED_LAST_SUBJECT_SEQ: str(last),
+                session_log.EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: f"bench.cas.{i}.>"})
+            last = ack.seq
+
+    start = time.perf_counter()
+    await asyncio.gather(*(writer(i) for i in range(writers)))
+    elapsed = time.perf_counter() - start
+    await js.delete_stream("BENCH_CAS")
+    return writers * per_writer / elapsed
 
 
 async def setup_sessions(nc, client: EngineClient, n: int) -> tuple[dict[str, str], dict[str, Lease]]:
@@ -170,6 +191,7 @@ async def run(quick: bool) -> dict:
             base = await baseline(nc, n_lat)
             lat = await latency(port, tokens["b0"], leases["b0"], n_lat)
             items_per_s = await throughput(port, tokens, leases, per_session, window=16)
+            cas_rate = await cas_appends_per_s(nc, sessions, per_session)
             registered = await register_many(nc, n_register)
             rss = rss_mib(fence.pid)
             await client.close()
@@ -180,6 +202,8 @@ async def run(quick: bool) -> dict:
             server.stop()
     return {
         "items_per_s": items_per_s,
+        # the floor, same run: one release is one such append (the input store is another)
+        "cas_appends_per_s": cas_rate,
         "added_ms_p50": percentile(lat, 50) - percentile(base, 50),
         "added_ms_p99": percentile(lat, 99) - percentile(base, 99),
         "e2e_ms_p50": percentile(lat, 50),
@@ -199,6 +223,7 @@ def main() -> None:
     result = asyncio.run(run(args.quick))
     table([
         ("items_per_s", result["items_per_s"], "target >= 5000 on 2 cores"),
+        ("cas_appends_per_s", result["cas_appends_per_s"], "bare JetStream CAS appends, same sessions"),
         ("added_ms_p50", result["added_ms_p50"], f"e2e {result['e2e_ms_p50']:.3f} ms"),
         ("added_ms_p99", result["added_ms_p99"], "target < 2 ms"),
         ("baseline_ms_p99", result["baseline_ms_p99"], "bare NATS pub → sub"),

@@ -63,6 +63,23 @@ def _tiers(rng: np.random.Generator, n: int) -> list[int]:
     return [int(t) for t in rng.choice([4, 8, 16], size=n, p=[0.6, 0.3, 0.1])]
 
 
+def calibration_ms(rounds: int = 7) -> float:
+    """CPU time of a fixed pure-Python workload (dicts, sorts and float arithmetic, the kind of work
+    `decide` does), median of `rounds`: decision time over it is a ratio that another machine, or a
+    slower turn of this one, moves less than the milliseconds themselves (`bench.regress` reads it)."""
+    def work() -> float:
+        loads = {f"h{i:05d}": (i * 7919 % 1000) / 1000.0 for i in range(20_000)}
+        ranked = sorted(loads.items(), key=lambda kv: (kv[1], kv[0]))
+        return sum(v * 0.5 + 1.0 for _, v in ranked[: len(ranked) // 2])
+
+    times = []
+    for _ in range(rounds):
+        c0 = time.thread_time()
+        work()
+        times.append((time.thread_time() - c0) * 1e3)
+    return percentile(times, 50)
+
+
 def measure(n_hosts: int, reps: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     fleets = [snapshot(n_hosts, rng) for _ in range(min(reps, 8))]
@@ -88,6 +105,7 @@ def measure(n_hosts: int, reps: int, seed: int) -> dict:
 def main() -> None:
     args = parser("placement", __doc__.splitlines()[0]).parse_args()
     reps = 30 if args.quick else 200
+    calibration = calibration_ms()
     res = {f"hosts_{n}": measure(n, reps if n < 1024 else reps // 2, seed=n) for n in (64, 256, 1024)}
     targets = {k: {"target_ms": v, "p99_ms": res[k]["decide_ms_p99"], "met": res[k]["decide_ms_p99"] < v}
                for k, v in TARGETS_MS.items()}
@@ -96,6 +114,7 @@ def main() -> None:
             (f"target < {TARGETS_MS[k]} ms: {'met' if targets[k]['met'] else 'MISSED'}" if k in targets else ""))
            for k, r in res.items()])
     write(args.json, {"benchmark": "placement", "quick": args.quick, **res, "targets": targets,
+                      "calibration_ms": calibration,
                       "params": {"max_moves_per_round": PARAMS.max_moves_per_round,
                                  "targets_per_session": PARAMS.targets_per_session}})
 

@@ -66,7 +66,14 @@ class SocketGate:
         transport = request.transport  # taken first: aiohttp forgets it once it gives up on a close
         send = ws.send_str(data) if isinstance(data, str) else ws.send_bytes(data)
         try:
-            await asyncio.wait_for(send, self.limits.send_timeout_s)
+            if transport is not None and _fits(transport, len(data)):
+                await send  # lands in the transport's buffer below its high-water mark: cannot wait
+            else:
+                # a timeout scope, not wait_for: on Python 3.11 wait_for runs the send as a task of its
+                # own, two loop turns later, which spread a socket's answers out, and with them its
+                # client's next frames (docs/bench-gateway.md)
+                async with asyncio.timeout(self.limits.send_timeout_s):
+                    await send
         except TimeoutError:
             REFUSED.add(1, {"reason": "slow_reader"})
             # A close frame cannot pass a buffer the client does not drain, and a graceful close
@@ -77,6 +84,12 @@ class SocketGate:
         except ConnectionError:
             return False
         return True
+
+
+def _fits(transport: asyncio.WriteTransport, size: int) -> bool:
+    """A write of `size` bytes (plus a frame header) leaves the buffer below the high-water mark, so the
+    transport does not pause writing and the send returns without waiting for the client: no timer."""
+    return transport.get_write_buffer_size() + size + 16 < transport.get_write_buffer_limits()[1]
 
 
 async def _close(request: web.Request, ws: web.WebSocketResponse, code: int, reason: str) -> None:
