@@ -17,6 +17,7 @@ statefleet's GPU-hours are compared with the clairvoyant bound at that same cap.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -54,6 +55,11 @@ TARGETS = {"gpu_hours_cut_vs_static_peak": 0.372, "worst_chunk_cut_vs_static_pea
 QUICK = {"concurrency": 150, "request_span_s": 1800.0, "servegen_span_s": 5400.0, "generated_span_s": 5400.0}
 FULL = {"concurrency": 600, "request_span_s": None, "servegen_span_s": 86400.0, "generated_span_s": 12 * 3600.0}
 TICK_S = 5.0
+# The service is already running when the window opens: the trace's first WARMUP_S of arrivals, drawn afresh,
+# are replayed just before it (at t − WARMUP_S), so every arm enters the window with live sessions and an
+# arrival memory (`fleet_sim.ARRIVAL_MEMORY_S`) as a service in production would, not cold with
+# `min_hosts + warm_pool_hosts` hosts against a production rate. Nothing before 0 is counted.
+WARMUP_S = 600.0
 
 
 def params(model: str, alpha: float | None = None) -> Params:
@@ -87,7 +93,17 @@ def workload(trace: Path | None, seed: int, size: dict) -> tuple[str, list[fleet
             arrivals = [a for a in got if span is None or a.t_s <= span]
     keep = fleet_workload.keep_probability(arrivals, size["concurrency"]) if kind in ("azure", "mooncake") else 1.0
     specs = fleet_workload.sessions(arrivals, keep, ROW[8].state_bytes, rng)
-    return kind, specs, {"format": kind, "arrivals": len(arrivals), "keep_probability": keep, "sessions": len(specs)}
+    warm = warmup(arrivals, keep, rng)
+    return kind, warm + specs, {"format": kind, "arrivals": len(arrivals), "keep_probability": keep,
+                                "sessions": len(specs), "warmup_s": WARMUP_S, "warmup_sessions": len(warm)}
+
+
+def warmup(arrivals: list[fleet_trace.Arrival], keep: float, rng: np.random.Generator) -> list[fleet_workload.SessionSpec]:
+    """The sessions of the warm-up before the window: the first `WARMUP_S` of arrivals shifted to before 0,
+    each drawn afresh from the same generator after the window's own (which they do not change)."""
+    early = [fleet_trace.Arrival(a.t_s - WARMUP_S, a.size) for a in arrivals if a.t_s < WARMUP_S]
+    return [dataclasses.replace(s, session_id="w" + s.session_id[1:])
+            for s in fleet_workload.sessions(early, keep, ROW[8].state_bytes, rng)]
 
 
 def offered(specs: list[fleet_workload.SessionSpec]) -> tuple[float, float, float]:
@@ -96,14 +112,16 @@ def offered(specs: list[fleet_workload.SessionSpec]) -> tuple[float, float, floa
     end = float(max((s.arrival_s for s in specs), default=0.0))
     edges = sorted([(s.arrival_s, share(s.tier)) for s in specs] + [(s.arrival_s + s.duration_s, -share(s.tier))
                                                                    for s in specs])
-    load = peak = area = 0.0
-    last = edges[0][0] if edges else 0.0
+    load = peak = area = last = 0.0  # the window starts at 0; warm-up sessions count from there
     for t, d in edges:
         if t > end:
             break
-        area += load * (t - last)
-        load, last = load + d, t
-        peak = max(peak, load)
+        if t >= 0:  # the load at 0 (the warm-up's sessions) counts too
+            peak = max(peak, load)
+        area += load * max(0.0, t - last)
+        load, last = load + d, max(t, 0.0)
+        if t >= 0:
+            peak = max(peak, load)
     area += load * (end - last)
     return float(peak), float(area / max(end, 1e-9)), end
 
@@ -240,7 +258,9 @@ def oracle(specs: list[fleet_workload.SessionSpec], p: Params, res: dict, end: f
     state = sorted(s.state_bytes for s in specs)[len(specs) // 2] if specs else 0
     resume_ms = min(lat.chunk_ms(p, t, t.share, 1) for t in terms.values()) + 1e3 * state / RESUME_BPS
     keep_warm = max(0.0, warm["gpu_hours"] - at_cap["gpu_hours"]) if resume_ms > CAP_MS else 0.0
-    boot = fleet_oracle.boot_floor(warm.pop("series", []), PROVISION_S) if warm["reachable"] else math.inf
+    steps = warm.pop("series", [])
+    warmed = steps[0][1] if steps and any(s.arrival_s < 0 for s in specs) else 0  # booted in the warm-up
+    boot = fleet_oracle.boot_floor(steps, PROVISION_S, warmed) if warm["reachable"] else math.inf
     packing = max(0.0, warm["gpu_hours_packed"] - warm["gpu_hours"])
     floor = at_cap["gpu_hours"] + keep_warm + boot + packing
     return {

@@ -114,20 +114,25 @@ def gpu_hours(specs: list[SessionSpec], params: Params, terms: dict[int, Term], 
             t0 = b
     counts = dict.fromkeys(terms, 0)
     lower = packed = 0.0
-    peak, last = 0, 0.0
+    peak, last = 0, 0.0  # the window opens at 0: sessions of a warm-up before it count from there
     h_low = h_pack = 0
     steps = []
     for t in sorted(events):
         if t > until_s:
             break
-        lower += h_low * (t - last)
-        packed += h_pack * (t - last)
+        if t >= 0:
+            peak = max(peak, h_low)  # the level the warm-up left at 0
+            lower += h_low * (t - last)
+            packed += h_pack * (t - last)
         for k, d in events[t].items():
             counts[k] += d
-        h_low, h_pack, last = hosts_lower(counts, cap), hosts_packed(counts, cap), t
-        peak = max(peak, h_low)
+        h_low, h_pack, last = hosts_lower(counts, cap), hosts_packed(counts, cap), max(t, 0.0)
+        if t >= 0:
+            peak = max(peak, h_low)
         if series:
-            steps.append((t, h_low))
+            if steps and steps[-1][0] == last:  # the warm-up's steps fold into one at 0
+                steps.pop()
+            steps.append((last, h_low))
     if math.isfinite(until_s) and last < until_s:
         lower += h_low * (until_s - last)
         packed += h_pack * (until_s - last)
@@ -172,13 +177,14 @@ def _lattice(shares: list[float]) -> float:
     return float(Fraction(reduce(math.gcd, (int(f * den) for f in fr)), den))
 
 
-def boot_floor(steps: list[tuple[float, int]], boot_s: float) -> float:
+def boot_floor(steps: list[tuple[float, int]], boot_s: float, booted: int = 0) -> float:
     """GPU-hours a schedule following `steps` (hosts over time) pays beyond them for booting: each host it
     adds is paid `boot_s` before it serves, unless a host it dropped earlier is kept instead (paid for
     the gap since). Each rise is matched with the latest fall (a stack): what even a policy that knew
-    the arrivals one boot ahead would pay on top of the steps."""
+    the arrivals one boot ahead would pay on top of the steps. `booted`: hosts already up before the
+    first step (booted in a warm-up before the window)."""
     kept: list[float] = []  # times at which a host could have been kept rather than released
-    extra, prev = 0.0, 0
+    extra, prev = 0.0, booted
     for t, h in steps:
         if h < prev:
             kept.extend([t] * (prev - h))

@@ -193,8 +193,18 @@ class Sim:
     # ------------------------------------------------------------ the loop
 
     def run(self) -> dict:
-        t, last_report = 0.0, -math.inf
+        # Start at the warm-up's first arrival (sessions before 0), on the tick grid through 0; the window
+        # [0, end] opens with whatever fleet, sessions and arrival memory the arm then has.
+        first = min((s.spec.arrival_s for s in self.sessions.values()), default=0.0)
+        t, last_report = min(0.0, self.tick_s * math.floor(first / self.tick_s)), -math.inf
+        if t < 0 and self.last_out == 0.0:
+            self.last_out = t  # the starting fleet's scale-out, at the start
+        opened = t >= 0
         while t <= self.end_s:
+            if not opened and t >= 0:
+                self._events_until(0.0, strictly_before=True)
+                self._open_window()
+                opened = True
             self._events_until(t)
             self._account(t)
             self.now = t
@@ -212,8 +222,14 @@ class Sim:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, key))
 
-    def _events_until(self, t: float) -> None:
-        while self.events and self.events[0][0] <= t:
+    def _open_window(self) -> None:
+        """Forget what the warm-up counted: every figure is over the window."""
+        self.stats = Stats(bucket_s=self.stats.bucket_s)
+        self.counts = Counter()
+        self.empty_host_s = 0.0
+
+    def _events_until(self, t: float, strictly_before: bool = False) -> None:
+        while self.events and (self.events[0][0] < t if strictly_before else self.events[0][0] <= t):
             when, _, kind, key = heapq.heappop(self.events)
             self.now = when
             getattr(self, f"_on_{kind}")(key)
@@ -430,6 +446,8 @@ class Sim:
 
     def _account(self, t: float) -> None:
         """Chunks produced since the last tick, at the load each host carries now."""
+        if t <= 0:  # the tick before it is the warm-up's
+            return
         chunks = self.tick_s * 1e3 / PERIOD_MS
         for h in self.hosts.values():
             if not h.resident:
@@ -446,8 +464,9 @@ class Sim:
 
     def result(self) -> dict:
         end = self.end_s
-        host_s = sum(min(h.released_at, end) - h.requested_at for h in self.released)
-        host_s += sum(end - h.requested_at for h in self.hosts.values())
+        # over the window [0, end]: a host asked for in the warm-up counts from 0
+        host_s = sum(max(0.0, min(h.released_at, end) - max(h.requested_at, 0.0)) for h in self.released)
+        host_s += sum(end - max(h.requested_at, 0.0) for h in self.hosts.values())
         st = self.stats
         buckets = sorted(set(st.gpus) | set(st.buckets))
         return {

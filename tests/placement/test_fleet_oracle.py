@@ -87,3 +87,12 @@ def test_each_host_added_pays_a_boot_unless_one_dropped_lately_is_kept():
     # up to 2 at 0 (two boots), down to 1 at 100, up to 2 at 130 (kept: 30 s), up to 3 at 1000 (a boot)
     steps = [(0.0, 2), (100.0, 1), (130.0, 2), (1000.0, 3)]
     assert fleet_oracle.boot_floor(steps, 60.0) == pytest.approx((60 + 60 + 30 + 60) / 3600)
+
+
+def test_a_warm_up_session_counts_from_the_window_only_and_its_hosts_need_no_boot():
+    # a tier-16 session from -100 s to 300 s and one from 100 s to 200 s: 300 + 100 host-seconds in [0, 300]
+    got = fleet_oracle.gpu_hours([spec("w", 16, -100.0, 400.0), spec("a", 16, 100.0, 100.0)], P, TERMS, 68.75,
+                                 series=True, until_s=300.0)
+    assert got["gpu_hours"] == pytest.approx(400 / 3600) and got["peak_hosts"] == 2
+    assert got["series"][0] == (0.0, 1)  # the warm-up's steps fold into one at 0
+    assert fleet_oracle.boot_floor(got["series"], 60.0, booted=1) == pytest.approx(60 / 3600)

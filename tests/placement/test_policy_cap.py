@@ -76,3 +76,18 @@ def test_scale_in_drains_only_below_its_band():
               last_scale_in_at=-1e9)
     drains = [a for a in decide(f, CAP).actions if isinstance(a, Drain)]
     assert drains and "h0" not in {d.host_id for d in drains}  # empty hosts go first
+
+
+def test_with_a_cap_the_hosts_in_use_count_whole_and_only_the_pool_stays_empty():
+    """Placement packs each host to the cap, so each host in use counts as one host of demand (three lone
+    tier-4 sessions weigh 0.49 of a host at the cap, yet hold three); the fleet wants those plus the pool,
+    not a fraction of hosts kept empty on top."""
+    f = fleet({"h0": [sess("a", "h0", floor=4)], "h1": [sess("b", "h1", floor=4)], "h2": [sess("c", "h2", floor=4)],
+               "h3": [], "h4": [], "h5": [], "h6": [], "h7": [], "h8": []},
+              last_scale_out_at=-1e9, last_scale_in_at=-1e9)
+    m = measure(Plan(f, CAP), [])
+    assert m.load < 1 and m.want == 3 + m.pool and m.idle_hosts == 6
+    # six idle hosts are more than the pool over cap_scale_in_below: give back down to the want, empty first,
+    # though utilisation over the hosts kept is not below the band's fraction of them
+    drains = {a.host_id for a in decide(f, CAP).actions if isinstance(a, Drain)}
+    assert len(drains) == 9 - m.want and not drains & {"h0", "h1", "h2"}

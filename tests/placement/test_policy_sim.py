@@ -126,3 +126,26 @@ def test_a_bad_trace_file_ends_the_run_with_a_message_not_a_traceback(tmp_path, 
     with pytest.raises(SystemExit) as e:
         fleet.main()
     assert str(e.value).startswith("bench.fleet: cannot read the trace:") and not (tmp_path / "o.json").exists()
+
+
+def test_the_warm_up_runs_before_the_window_and_nothing_in_it_is_counted():
+    """The trace's opening arrivals are replayed before 0, drawn after the window's own sessions (which
+    they leave unchanged); every figure counts only the window [0, end]."""
+    _, specs, shape = fleet.workload(None, 7, TINY)
+    warm = [s for s in specs if s.arrival_s < 0]
+    window = [s for s in specs if s.arrival_s >= 0]
+    assert warm and shape["warmup_sessions"] == len(warm) and shape["sessions"] == len(window)
+    assert all(-fleet.WARMUP_S <= s.arrival_s < 0 and s.session_id.startswith("w") for s in warm)
+    assert len({s.session_id for s in specs}) == len(specs)
+    rng = np.random.default_rng(7)
+    arrivals = fleet_trace.generated(TINY["generated_span_s"], TINY["concurrency"] / fleet_workload.mean_duration_s(), rng)
+    assert fleet_workload.sessions(arrivals, 1.0, fleet.ROW[8].state_bytes, rng) == window
+    _, _, end = fleet.offered(specs)
+    res = fleet.run_arms(specs, fleet.params("profile"), end, fleet.first_fit_hosts(specs), 1,
+                         only=("static_peak", "statefleet"))
+    for r in res.values():
+        assert r["sessions"] == len(window)  # arrivals within the window only
+        assert r["gpu_hours"] <= r["peak_gpus"] * end / 3600 + 1e-9  # host time over [0, end] only
+        assert min(r["series"]["t_s"]) >= 0
+    # static peak holds its fleet over exactly the window
+    assert res["static_peak"]["gpu_hours"] == pytest.approx(fleet.first_fit_hosts(specs) * end / 3600)

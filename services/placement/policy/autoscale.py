@@ -9,6 +9,11 @@ those already coming included; below `scale_in_below` it drains the least loaded
 that size, never within `scale_in_cooldown_s` of the last scaling in either direction, and
 never while hosts are still being provisioned. A draining host is released only once it owns
 no session (serving, moving or suspended) and expects none.
+
+With a latency cap, demand is in hosts at the cap, and placement packs each host to the cap: a host
+in use counts whole (its room is what its sessions leave within the cap), so the fleet wants the hosts
+in use plus the queued sessions' hosts plus the pool, and it scales in once the idle hosts are more than
+the pool over `cap_scale_in_below`, not at a fixed utilisation of the hosts kept.
 """
 
 from __future__ import annotations
@@ -94,6 +99,10 @@ def measure(plan: Plan, queued: list[Session]) -> Scaling:
     load = resident + waiting
     have = len(opens) + fleet.provisioning
     busy_hosts = math.ceil(load / aim - 1e-9)
+    if p.latency_cap_ms > 0:  # placement packs each host to the cap: the hosts in use are full as their
+        # sessions let them be, and only new arrivals need more (the pool below)
+        in_use = sum(1 for hl in opens if hl.n or hl.pending)
+        busy_hosts = max(in_use, math.ceil(resident - 1e-9)) + math.ceil(waiting / aim - 1e-9)
     pool = max(p.warm_pool_hosts, math.ceil(p.warm_pool_frac * busy_hosts), _lead_hosts(plan, opens, resident, aim))
     want = max(p.min_hosts, busy_hosts + pool)
     if queued:  # they fit no open host now (memory, slots, or load), whatever the fleet's average says;
@@ -117,7 +126,8 @@ def autoscale(plan: Plan, queued: list[Session]) -> tuple[list[ScaleOut | Drain 
         out.append(ScaleOut(count=m.want - m.hosts))
     # Scale-in waits its cooldown after the last scaling either way: a host asked for in a wave boots
     # after it (60 s), and the next wave often follows within minutes; given back at once, it is not there.
-    elif (m.util < below and m.hosts > m.want and fleet.provisioning == 0 and not queued
+    elif ((m.idle_hosts * below > m.pool if p.latency_cap_ms > 0 else m.util < below)
+          and m.hosts > m.want and fleet.provisioning == 0 and not queued
           and fleet.now - max(fleet.last_scale_in_at, fleet.last_scale_out_at) >= p.scale_in_cooldown_s):
         for hl in _drain_order(plan.open_loads(), owned)[: m.hosts - m.want]:
             out.append(Drain(host_id=hl.host_id))

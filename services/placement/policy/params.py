@@ -59,8 +59,8 @@ class Knobs(msgspec.Struct, frozen=True, kw_only=True):
     # a host carrying it may have within the cap), aiming at `cap_fill` of the hosts it keeps.
     latency_cap_ms: NonNeg = 0.0
     cap_margin_ms: NonNeg = 2.5
-    cap_fill: Frac = 0.85  # scale out above this (hosts at the cap in use over hosts kept)
-    cap_scale_in_below: Frac = 0.7
+    cap_fill: Frac = 0.85  # scale out above this (hosts at the cap in use over hosts kept); queued and lead demand over it
+    cap_scale_in_below: Frac = 0.7  # scale in once the pool is this full of the idle hosts (idle > pool / this)
     # Host memory → device copy rate of a resume: with a cap, an idle session is suspended only when its
     # resume (this copy, then its first chunk) stays within the cap.
     resume_bps: Pos = 20e9
