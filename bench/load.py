@@ -118,6 +118,8 @@ async def offer(nc, http: aiohttp.ClientSession, admission_url: str, contract: d
 
 
 async def run_level(level: float, capacity: int | None, args, tmp: Path) -> dict:
+    # The one setting `up` does not make: admission's slot guard, standing in for a capacity model that
+    # prices a small shared CPU right (issue 23); the avatar's device share alone admits 64 per host here.
     stack = UpStack(tmp / f"level-{level}", engines=args.engines,
                     env={"SF_MAX_SESSIONS_PER_HOST": str(args.slots_per_host)}).start()
     try:

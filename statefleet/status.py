@@ -97,5 +97,6 @@ async def print_status(nats_url: str, *, as_json: bool = False, all_sessions: bo
     print(f"sessions ({len(shown)}" + (f"; {hidden} closed not shown, --all lists them)" if hidden else ")"))
     for s in sorted(shown, key=lambda s: s.session_id):
         owner = f"{s.owner_server_id}@v{s.owner_version}" + ("" if s.claimed else " (unclaimed)")
-        print(f"  {s.session_id:<24} {s.backend:<8} {s.session_class:<4} {s.state:<10} owner {owner}")
+        print(f"  {s.session_id:<24} {s.backend:<8} {s.session_class:<4} {s.state:<10} owner {owner}"
+              + (f"  {s.reason}" if s.reason else ""))
     return 0

@@ -78,6 +78,7 @@ async def update_summary(js: JetStreamContext, session_id: str, view: SessionVie
         summary.owner_incarnation = view.incarnation
         summary.state = "closed" if view.closed else ("serving" if summary.claimed else
                                                        "assigned" if owner else "pending")
+        summary.reason = ""  # a state's reason is the writer's to give with it
         for key, value in fields.items():
             setattr(summary, key, value)
         summary.updated_at = time.time()

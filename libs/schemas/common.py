@@ -120,6 +120,9 @@ class SessionSummary(Msg):
     claimed: bool = False
     updated_at: float = 0.0
     owner_incarnation: str = ""  # the owner's engine-host process (see SessionView.incarnation)
+    # Why the session is in its state, where that is not plain serving: an orphaned (re-queued) session
+    # names every host's reason for not taking it. Cleared by any summary update that gives none.
+    reason: str = ""
 
 
 class InputItem(Msg):

@@ -68,13 +68,13 @@ class Sweeper:
         sid = d.session_id
         if isinstance(d, failover.Orphan):
             _failovers.add(1, {"outcome": "orphaned"})
+            reason = orphan_reason(d)
             if sid not in self._orphans:
                 self._orphans.add(sid)
-                self.log.warning("session_orphaned", session_id=sid,
-                                 hosts=",".join(f"{e.host_id}:{e.reason}" for e in d.estimates))
+                self.log.warning("session_orphaned", session_id=sid, reason=reason)
             summary = self.view.summaries().get(sid)
-            if summary is None or summary.state != "orphaned":
-                await self.owners.summarize(sid, view, state="orphaned")
+            if summary is None or (summary.state, summary.reason) != ("orphaned", reason):
+                await self.owners.summarize(sid, view, state="orphaned", reason=reason)
             return
         try:
             if not d.reserved:
@@ -108,6 +108,13 @@ class Sweeper:
                     stale.append(sid)
             if stale:
                 await self.reservations.release(host_id, stale)
+
+
+def orphan_reason(d: failover.Orphan) -> str:
+    """What `statefleet status` shows for a session waiting for room: every live host's reason, so an
+    operator sees why (full, busy, draining) and that it is queued, not stuck. Every sweep retries it."""
+    hosts = ", ".join(f"{e.host_id} {e.reason}" for e in d.estimates) or "no live host"
+    return f"waiting for room ({hosts})"
 
 
 def _hinted_view(s: SessionSummary) -> SessionView:

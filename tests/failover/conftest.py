@@ -91,7 +91,7 @@ class Stack:
         for h in host_ids:
             self.engines[h] = EngineProc(self.url, h, self.tmp, config, **env).start()
         for h in host_ids:
-            await eventually(lambda h=h: self.answers(h), 60)
+            await eventually(lambda h=h: self.answers(h), 180, what=f"{h} answers")  # start-up profiles itself: slow under load
             await eventually(lambda h=h: self.placements_see(h), 10)
 
     async def placements_see(self, host_id: str) -> bool:

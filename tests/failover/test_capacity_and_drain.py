@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import msgspec
@@ -13,6 +14,7 @@ from libs.errors import Rejected
 from libs.schemas.base import decode, encode
 from libs.schemas.common import SessionSummary
 from libs.schemas.placement import DrainReport, HostRecord, HostRequest, Placement, PlaceRequest
+from statefleet.status import print_status
 from tests.admission.fleet import c1, host
 from tests.failover.conftest import eventually
 from tests.fence.invariants import check_log, read_log
@@ -20,12 +22,16 @@ from tests.fence.invariants import check_log, read_log
 ONE_EACH = Guard(max_sessions=1)
 
 
-async def summary_state(stack, sid: str) -> str:
+async def summary(stack, sid: str) -> SessionSummary:
     kv = await stack.js.key_value(names.SESSIONS_BUCKET)
-    return decode((await kv.get(sid)).value, SessionSummary).state
+    return decode((await kv.get(sid)).value, SessionSummary)
 
 
-async def test_no_room_orphans_the_session_until_a_host_joins(stack):
+async def summary_state(stack, sid: str) -> str:
+    return (await summary(stack, sid)).state
+
+
+async def test_no_room_orphans_the_session_until_a_host_joins(stack, capsys):
     await stack.start(max_sessions_per_host=1)
     await stack.engines_up("e0", "e1")
     assert (await stack.create("o0", ONE_EACH)).host_id == "e0"
@@ -38,12 +44,21 @@ async def test_no_room_orphans_the_session_until_a_host_joins(stack):
         return await summary_state(stack, "o0") == "orphaned"
 
     await eventually(orphaned, 20)
+    # Visibly re-queued, never silently stuck: the summary and `statefleet status` say why, host by host.
+    reason = (await summary(stack, "o0")).reason
+    # e1, the one live host, is full (its one slot; or its device reads busy on a loaded machine)
+    assert re.fullmatch(r"waiting for room \(e1 (slots|busy)\)", reason), reason
+    capsys.readouterr()
+    await print_status(stack.url)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.split()[:1] == ["o0"])
+    assert "orphaned" in line and line.endswith(reason), line
     await stack.send("o0", 4, 5)  # accepted input is kept while orphaned
     await stack.engines_up("e2")
     view = await eventually(lambda: stack.claimed_by("o0", "e2", min_version=2), 20)
     assert view.owner.version == 2
     await eventually(lambda: stack.consumed("o0", 5))
     assert await summary_state(stack, "o0") == "serving"
+    assert (await summary(stack, "o0")).reason == ""  # the reason went with the state
     check_log(await read_log(stack.js, "o0"))
 
 
