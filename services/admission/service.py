@@ -255,7 +255,7 @@ class AdmissionService(Service):
             placement = await bus.request(self.nc, names.PLACEMENT_PLACE, req, Placement,
                                           timeout_s=self.config.place_timeout_s)
             # The host learns of the session from this assignment; it claims once its state is up.
-            await assign(self.nc, self.js, sid, placement.host_id, incarnation=placement.incarnation)
+            await assign(self.nc, sid, placement.host_id, incarnation=placement.incarnation)
         except (Rejected, Unavailable, Timeout, Conflict) as e:
             self.log.info("placement_deferred", session_id=sid, code=e.code, detail=e.detail)
             return None

@@ -61,7 +61,7 @@ async def test_assigned_session_is_claimed_and_takes_only_fenced_input(nats_serv
     host = await start_host(nats_server.url, "h1", tmp_path)
     try:
         token = await register(nc, "s1")
-        await assign(nc, nc.jetstream(), "s1", "h1")
+        await assign(nc, "s1", "h1")
         await eventually(lambda: claimed_by(nc.jetstream(), "s1", "h1"))
         await post_items(fence, "s1", token, [f"line {i}" for i in range(1, 6)], first_seq=1)
 
@@ -80,7 +80,7 @@ async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats
     h2 = await start_host(nats_server.url, "h2", tmp_path, checkpoint_every_s=300.0)
     try:
         token = await register(nc, "s2")
-        await assign(nc, js, "s2", "h1")
+        await assign(nc, "s2", "h1")
         await eventually(lambda: claimed_by(js, "s2", "h1"))
         await post_items(fence, "s2", token, [json.dumps(i) for i in range(1, 6)], first_seq=1)
 
@@ -96,7 +96,7 @@ async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats
         await h1.nc.close()
         await post_items(fence, "s2", token, [json.dumps(i) for i in range(6, 9)], first_seq=6)
         meta = await bus.request(nc, names.FENCE_META, MetaRequest(session_id="s2"), SessionMeta)
-        await assign(nc, js, "s2", "h2")
+        await assign(nc, "s2", "h2")
         await eventually(lambda: claimed_by(js, "s2", "h2"))
 
         async def caught_up():

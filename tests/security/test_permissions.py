@@ -103,9 +103,9 @@ async def test_only_fence_appends_to_the_ownership_log(nats_server, fence_as_fen
         try:
             await bus.request(admission_nc, names.FENCE_REGISTER,
                               RegisterRequest(session_id="x", backend="toy", seed=1), RegisterReply)
-            a = await ownership.assign(admission_nc, admission_nc.jetstream(), "x", "e0")
+            a = await ownership.assign(admission_nc, "x", "e0")
             assert a.version == 1
-            stale = ownership.assign(admission_nc, admission_nc.jetstream(), "x", "e1", expect_version=0)
+            stale = ownership.assign(admission_nc, "x", "e1", expect_version=0)
             with pytest.raises(errors.Conflict):
                 await stale
             assert (await ownership.read_owner(js, "x")).view.owner.server_id == "e0"
@@ -188,7 +188,7 @@ async def test_an_engine_claims_only_through_fence(nats_server, fence_as_fence, 
     try:
         await bus.request(admission, names.FENCE_REGISTER, RegisterRequest(session_id="c", backend="toy", seed=1),
                           RegisterReply)
-        assigned = await ownership.assign(admission, admission.jetstream(), "c", "e0")
+        assigned = await ownership.assign(admission, "c", "e0")
         e0 = await probes("engine.e0")
         forged = LogRecord(event=Claim(server_id="e0", version=assigned.version, cursor=0),
                            view=SessionView(owner=Owner(server_id="e0", version=assigned.version)))
