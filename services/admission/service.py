@@ -36,8 +36,7 @@ from libs import bus, http_limits, init_inputs, names
 from libs.config import HttpServerConfig, PositiveFloat, PositiveInt, section
 from libs.contracts import Demand, Guard
 from libs.errors import Busy, Conflict, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
-from libs.fence import core as fence_core
-from libs.fence.ownership import assign, read_owner, update_summary
+from libs.fence.ownership import assign, read_owner
 from libs.http_limits import HttpLimits
 from libs.live_hosts import LiveHosts
 from libs.schemas.admission import (
@@ -190,10 +189,7 @@ class AdmissionService(Service):
                               max_input_bytes=min(r.max_input_bytes for r in rows) if rows else 0)
         reply = await bus.request(self.nc, names.FENCE_REGISTER, reg, RegisterReply,
                                   timeout_s=self.config.fence_timeout_s)
-        # what `statefleet status` shows about the session besides its owner (a hint)
-        await update_summary(self.js, session_id, fence_core.EMPTY, backend=req.backend,
-                             session_class=req.contract.session_class)
-        return reply.token
+        return reply.token  # fence wrote the session's first summary (backend, class) as it registered it
 
     async def _close_at_fence(self, session_id: str, reason: str) -> None:
         try:

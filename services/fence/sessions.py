@@ -22,6 +22,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from libs import bus, errors, init_inputs, jetstream, names
+from libs.contracts import Contract
 from libs.fence import core, ownership, session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import INPUT_KINDS, SessionSummary
@@ -81,9 +82,11 @@ class Sessions:
             raise errors.Conflict("session already registered", session_id=req.session_id)
         self._cache[req.session_id] = meta
         _log.info("session_registered", session_id=req.session_id, backend=req.backend)
+        # The hint's first summary (`statefleet status`); fence writes every later one too, after its appends.
         summaries = await self.js.key_value(names.SESSIONS_BUCKET)
         await summaries.put(req.session_id, encode(SessionSummary(
-            session_id=req.session_id, backend=req.backend, state="pending", updated_at=time.time())))
+            session_id=req.session_id, backend=req.backend, session_class=_session_class(req.contract),
+            state="pending", updated_at=time.time())))
         return RegisterReply(session_id=req.session_id, token=token)
 
     async def meta(self, req: MetaRequest) -> SessionMeta:
@@ -197,3 +200,14 @@ class Sessions:
         else:
             self._cache[meta.session_id] = meta
         return True
+
+
+def _session_class(contract: bytes) -> str:
+    """The contract's session class for the summary ("" when none was sent or it does not decode: fence
+    only stores the contract, admission and the engine check it)."""
+    if not contract:
+        return ""
+    try:
+        return decode(contract, Contract).session_class
+    except errors.SchemaError:
+        return ""
