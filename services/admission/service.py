@@ -7,8 +7,8 @@ the queue at a time (the queue's FIFO order is per instance).
 
 Create: decide (core) → if admitted, ask placement for a host (`sf.placement.place`)
 → record `placed` with the host and demand. A candidate that does not fit now, or
-that placement could not place, is recorded `queued` and placed later by the drain
-loop, which wakes on every engine heartbeat change, on deletes and on deadlines.
+that placement could not place, is recorded `queued` and placed later by the queue
+loop (`_place_queued_loop`), which wakes on every engine heartbeat change, on deletes and on deadlines.
 
 Fence is the authority for who serves a session. Every session that is not
 rejected is registered with fence at create (fence issues its input token, shown
@@ -117,7 +117,7 @@ class AdmissionService(Service):
         await self.hosts.watch()
         await self._recover()
         self.spawn(self.hosts.follow(self._wake.set, cfg.engine_watch_silence_s), "watch_engines")
-        self.spawn(self._drain_loop(), "drain")
+        self.spawn(self._place_queued_loop(), "place_queued")
         self.feed = FleetFeed(self.nc, self.js, queue=self.queue_view, heartbeat_s=cfg.heartbeat_s)
         await self.feed.start(self.spawn)
         app = http.make_app(self, Credentials(cfg.admin_token, cfg.api_keys))
@@ -266,18 +266,18 @@ class AdmissionService(Service):
         self.log.info("session_placed", session_id=sid, host_id=placement.host_id, tier=placement.estimate.tier)
         return placed
 
-    async def _drain_loop(self) -> None:
+    async def _place_queued_loop(self) -> None:
         while True:
             deadline = self.core.next_deadline()
             wait_s = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.time()))
             await wait_set(self._wake, wait_s)
             self._wake.clear()
             try:
-                await self._drain()
+                await self._place_queued()
             except StatefleetError as e:  # NATS down: the queue is intact, try again on the next wake
-                self.log.warning("drain_failed", code=e.code, detail=e.detail)
+                self.log.warning("place_queued_failed", code=e.code, detail=e.detail)
 
-    async def _drain(self) -> None:
+    async def _place_queued(self) -> None:
         """Time out expired waiters, then place from the head while the head fits."""
         async with self._lock:
             for cand, verdict in self.core.expire(time.time()):
