@@ -3,7 +3,6 @@ from the checkpoint fence recorded, with every accepted item applied exactly onc
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -15,6 +14,7 @@ from libs.fence.ownership import assign, read_owner
 from libs.schemas.fence import MetaRequest, RegisterReply, RegisterRequest, SessionMeta
 from services.engine_host.service import EngineHostConfig, EngineHostService
 from services.fence.service import FenceService
+from tests.support.waiting import eventually
 
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=50.0)
 
@@ -32,14 +32,6 @@ async def register(nc, sid: str) -> str:
     req = RegisterRequest(session_id=sid, backend="avatar", seed=3, prompt="narrator",
                           contract=msgspec.msgpack.encode(CONTRACT), tier=1)
     return (await bus.request(nc, names.FENCE_REGISTER, req, RegisterReply)).token
-
-
-async def eventually(fn, timeout_s: float = 20.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if result := await fn():
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 async def post_items(fence: FenceService, sid: str, token: str, texts: list[str], *, first_seq: int) -> None:
