@@ -194,7 +194,7 @@ class Bench:
                 if attempt == 9:
                     raise
                 await asyncio.sleep(2.0)
-        await assign(self.nc, self.js, sid, p.host_id, incarnation=p.incarnation)
+        await assign(self.nc, sid, p.host_id, incarnation=p.incarnation)
 
     async def feed(self, sid: str) -> None:
         url = f"http://127.0.0.1:{self.fence.http_port}/v1/sessions/{sid}/items"

@@ -100,14 +100,13 @@ async def cas_appends_per_s(nc, writers: int, per_writer: int) -> float:
 
 
 async def setup_sessions(nc, client: EngineClient, n: int) -> tuple[dict[str, str], dict[str, Lease]]:
-    js = nc.jetstream()
     tokens, leases = {}, {}
     for i in range(n):
         sid = f"b{i}"
         reply = await bus.request(nc, "sf.fence.register", RegisterRequest(session_id=sid, backend="bench", seed=i),
                                   RegisterReply)
         tokens[sid] = reply.token
-        a = await ownership.assign(nc, js, sid, client.server_id)
+        a = await ownership.assign(nc, sid, client.server_id)
         leases[sid] = await client.claim(sid, a.version, 0)
     return tokens, leases
 

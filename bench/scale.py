@@ -233,7 +233,7 @@ async def run(quick: bool) -> dict:
 
             async def serve(i: int, sid: str):
                 host = hosts[i % n_hosts]
-                a = await ownership.assign(nc, js, sid, host)
+                a = await ownership.assign(nc, sid, host)
                 lease = await clients[host].claim(sid, a.version, cursor=0)
                 fleet.serve(lease)
                 return sid, (host, a.version)

@@ -129,7 +129,7 @@ def permissions(user: str) -> Permissions:
         "admission": (
             [*_js_admin(_kv(names.ADMISSION_BUCKET)), f"$KV.{names.ADMISSION_BUCKET}.>",
              *_js_create(_kv(names.ENGINES_BUCKET)), *_js_read(names.SESSION_STREAM),
-             *_js_read(_kv(names.SESSIONS_BUCKET)), f"$KV.{names.SESSIONS_BUCKET}.*",
+             *_js_read(_kv(names.SESSIONS_BUCKET)),  # the sessions hint: fence writes it
              *_js_read(_kv(names.CAPACITY_BUCKET)),  # host lifecycle (draining, drained) for the dashboard
              # the dashboard's moves in flight (the mover's bucket) and their receipts (fleet_feed.py)
              *_js_read(_kv(names.MOVES_INFLIGHT_BUCKET)),

@@ -6,9 +6,7 @@ import os
 import time
 from pathlib import Path
 
-import nats.js.errors
-
-from libs import bus, names
+from libs import bus, jetstream, names
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry, ServiceEntry, SessionSummary
 from libs.schemas.placement import HostRecord
@@ -26,9 +24,8 @@ def default_nats_url() -> str:
 
 
 async def read_bucket(js, bucket: str, typ: type) -> list:
-    try:
-        kv = await js.key_value(bucket)
-    except nats.js.errors.BucketNotFoundError:
+    kv = await jetstream.bucket(js, bucket)
+    if kv is None:
         return []
     return [decode(e.value, typ) for e in await bus.kv_entries(kv) if e.value]
 

@@ -20,10 +20,10 @@ from typing import Any, Literal
 
 import crc32c
 import msgspec
-import nats.js.errors
 import torch
 from nats.js.object_store import ObjectStore
 
+from libs import jetstream
 from libs.checkpoint.tree import byte_view, join, split
 from libs.errors import BadRequest, ConfigError, IntegrityError, NotFound
 from libs.schemas.base import Msg, decode, encode
@@ -109,20 +109,19 @@ class CheckpointStore:
 
     async def manifest(self, key: str) -> CheckpointManifest:
         _check_key(key)
-        try:
-            res = await self.objects.get(f"{key}.manifest")
-        except nats.js.errors.ObjectNotFoundError:
-            raise NotFound(f"no checkpoint {key}", key=key) from None
-        return decode(res.data, CheckpointManifest)
+        data = await jetstream.read_object(self.objects, f"{key}.manifest", what="a checkpoint manifest", key=key)
+        if data is None:
+            raise NotFound(f"no checkpoint {key}", key=key)
+        return decode(data, CheckpointManifest)
 
     async def get(self, key: str, device: torch.device | str = "cpu") -> tuple[dict, bytes]:
         """The tree (verified leaf by leaf, then moved to `device`) and its descriptor."""
         m = await self.manifest(key)
         if m.location == "object":
-            try:
-                blob: Any = bytearray((await self.objects.get(f"{key}.data")).data)
-            except nats.js.errors.ObjectNotFoundError:
-                raise IntegrityError(f"checkpoint {key} has a manifest but no data", key=key) from None
+            data = await jetstream.read_object(self.objects, f"{key}.data", what="checkpoint data", key=key)
+            if data is None:
+                raise IntegrityError(f"checkpoint {key} has a manifest but no data", key=key)
+            blob: Any = bytearray(data)
         else:
             if self.root is None:
                 raise ConfigError(f"checkpoint {key} is on a filesystem; none configured", key=key)

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import time
 
-import nats.errors
-import nats.js.errors
 from nats.js import JetStreamContext, api
 
-from libs import bus, errors, names
+from libs import bus, errors, jetstream, names
 from libs.fence import replay
 from libs.fence.session_log import EXPECTED_LAST_SUBJECT_SEQ, check_session_id
 from libs.schemas.base import decode, encode
@@ -30,13 +28,9 @@ from libs.schemas.fence import BlockEntry, ConsumedBlock, Owner
 
 async def read_tail(js: JetStreamContext, session_id: str) -> tuple[BlockEntry | None, int]:
     """The journal's last entry and its stream sequence ((None, 0) when the journal is empty)."""
-    try:
-        raw = await js.get_last_msg(names.BLOCK_STREAM, names.block_journal_subject(session_id), direct=True)
-    except nats.js.errors.NotFoundError:
-        return None, 0
-    except nats.errors.TimeoutError:
-        raise errors.Timeout("reading the block journal timed out", session_id=session_id) from None
-    return decode(raw.data, BlockEntry), raw.seq
+    raw = await jetstream.last_msg(js, names.BLOCK_STREAM, names.block_journal_subject(session_id),
+                                   what="the block journal", session_id=session_id)
+    return (None, 0) if raw is None else (decode(raw.data, BlockEntry), raw.seq)
 
 
 async def read_all(js: JetStreamContext, session_id: str, through: int) -> list[tuple[int, BlockEntry]]:
@@ -69,12 +63,8 @@ async def read_all(js: JetStreamContext, session_id: str, through: int) -> list[
 
 async def _next_entry(js: JetStreamContext, subject: str, pos: int, session_id: str) -> api.RawStreamMsg | None:
     """The journal's first message at stream sequence `pos` or after (None: there is none)."""
-    try:
-        return await js.get_msg(names.BLOCK_STREAM, seq=pos, subject=subject, next=True, direct=True)
-    except nats.js.errors.NotFoundError:
-        return None
-    except nats.errors.TimeoutError:
-        raise errors.Timeout("reading the block journal timed out", session_id=session_id) from None
+    return await jetstream.next_msg(js, names.BLOCK_STREAM, subject, pos, what="the block journal",
+                                    session_id=session_id)
 
 
 class BlockJournal:
@@ -126,17 +116,9 @@ class BlockJournal:
 
     async def _publish(self, entry: BlockEntry) -> None:
         entry.at = time.time()
-        try:
-            ack = await self.js.publish(names.block_journal_subject(self.session_id), encode(entry),
-                                        headers={EXPECTED_LAST_SUBJECT_SEQ: str(self.tail_seq)})
-        except nats.js.errors.APIError as e:
-            if e.err_code == bus.JS_WRONG_LAST_SEQUENCE:
-                raise errors.Conflict("the block journal moved", session_id=self.session_id) from None
-            raise errors.Unavailable(f"block journal append failed: {e.description}",
-                                     session_id=self.session_id) from None
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
-            raise errors.Unavailable("block journal append unanswered", session_id=self.session_id) from None
-        self.tail_seq = ack.seq
+        self.tail_seq = await jetstream.append(
+            self.js, names.block_journal_subject(self.session_id), encode(entry),
+            {EXPECTED_LAST_SUBJECT_SEQ: str(self.tail_seq)}, what="the block journal", session_id=self.session_id)
 
     async def forget_through(self, block: int) -> None:
         """A checkpoint at `block` is recorded at fence: entries before the last one that ends at or
@@ -146,8 +128,6 @@ class BlockJournal:
         ended = [seq for seq, last in self.entry_seqs if last <= block]
         keep_from = ended[-1] if ended else (self.entry_seqs[0][0] if self.entry_seqs else self.tail_seq)
         self.entry_seqs = [(seq, last) for seq, last in self.entry_seqs if seq >= keep_from]
-        try:
-            await self.js.purge_stream(names.BLOCK_STREAM, subject=names.block_journal_subject(self.session_id),
-                                       seq=keep_from)
-        except (nats.errors.Error, nats.js.errors.Error) as e:  # only costs storage until the next round
-            raise errors.Unavailable(f"purging the block journal failed: {e}", session_id=self.session_id) from None
+        # Unavailable: it only costs storage until the next round.
+        await jetstream.purge(self.js, names.BLOCK_STREAM, names.block_journal_subject(self.session_id),
+                              keep_from=keep_from, what="the block journal", session_id=self.session_id)

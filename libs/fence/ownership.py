@@ -41,16 +41,14 @@ class Assigned:
     log_seq: int
 
 
-async def assign(nc: NATS, js: JetStreamContext, session_id: str, server_id: str, *,
+async def assign(nc: NATS, session_id: str, server_id: str, *,
                  expect_version: int | None = None, incarnation: str = "") -> Assigned:
     """Ask fence to make `server_id` the assigned owner (unclaimed) with the next version.
 
     `incarnation` names the one process of `server_id` that may claim ("" = whichever runs there).
 
-    Fence is the log's only writer (`names.FENCE_ASSIGN`); `js` stays in the signature so callers
-    that read the log with it call this unchanged.
+    Fence is the log's only writer (`names.FENCE_ASSIGN`): this asks it over the bus.
     """
-    del js
     session_log.check_session_id(session_id)
     reply = await bus.request(nc, names.FENCE_ASSIGN, AssignRequest(
         session_id=session_id, server_id=server_id, expect_version=expect_version, incarnation=incarnation),

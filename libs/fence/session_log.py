@@ -17,11 +17,9 @@ import re
 import time
 from dataclasses import dataclass
 
-import nats.errors
-import nats.js.errors
 from nats.js import JetStreamContext
 
-from libs import bus, errors, names
+from libs import bus, errors, jetstream, names
 from libs.fence import core
 from libs.schemas.base import decode, encode
 from libs.schemas.fence import Event, LogRecord, SessionView
@@ -81,14 +79,10 @@ class Tail:
 
 
 async def read_tail(js: JetStreamContext, session_id: str) -> Tail:
-    try:
-        raw = await js.get_last_msg(names.SESSION_STREAM, names.session_log_subject(session_id), direct=True)
-    except nats.js.errors.NotFoundError:
+    raw = await jetstream.last_msg(js, names.SESSION_STREAM, names.session_log_subject(session_id),
+                                   what="the session log", session_id=session_id)
+    if raw is None:
         return Tail(core.EMPTY, 0)
-    except nats.errors.TimeoutError:
-        raise errors.Timeout("reading the session log timed out", session_id=session_id) from None
-    except (nats.errors.NoRespondersError, nats.js.errors.APIError) as e:  # e.g. a leader election
-        raise errors.Unavailable(f"session log unreadable: {type(e).__name__}", session_id=session_id) from None
     return Tail(decode(raw.data, LogRecord).view, raw.seq)
 
 
@@ -98,15 +92,9 @@ async def append(js: JetStreamContext, session_id: str, tail: Tail, event: Event
     record = LogRecord(event=event, view=view, at=time.time())
     host = core.addressee(tail.view, event)
     subject = names.session_record_subject(session_id, names.NO_HOST if host is None else check_server_id(host))
-    try:
-        ack = await js.publish(subject, encode(record), headers={
-            EXPECTED_LAST_SUBJECT_SEQ: str(tail.seq),
-            EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: names.session_log_subject(session_id)})
-    except nats.js.errors.APIError as e:
-        if e.err_code == bus.JS_WRONG_LAST_SEQUENCE:
-            raise errors.Conflict("the session log moved", session_id=session_id, expected=tail.seq) from None
-        raise errors.Unavailable(f"log append failed: {e.description}", session_id=session_id) from None
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
-        # The append may or may not have landed; the caller re-reads the tail and decides again.
-        raise errors.Unavailable("log append unanswered", session_id=session_id) from None
-    return Tail(view, ack.seq)
+    # Unavailable: the append may or may not have landed; the caller re-reads the tail and decides again.
+    seq = await jetstream.append(js, subject, encode(record), {
+        EXPECTED_LAST_SUBJECT_SEQ: str(tail.seq),
+        EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: names.session_log_subject(session_id)},
+        what="the session log", session_id=session_id, expected=tail.seq)
+    return Tail(view, seq)

@@ -7,8 +7,8 @@ the queue at a time (the queue's FIFO order is per instance).
 
 Create: decide (core) → if admitted, ask placement for a host (`sf.placement.place`)
 → record `placed` with the host and demand. A candidate that does not fit now, or
-that placement could not place, is recorded `queued` and placed later by the drain
-loop, which wakes on every engine heartbeat change, on deletes and on deadlines.
+that placement could not place, is recorded `queued` and placed later by the queue
+loop (`_place_queued_loop`), which wakes on every engine heartbeat change, on deletes and on deadlines.
 
 Fence is the authority for who serves a session. Every session that is not
 rejected is registered with fence at create (fence issues its input token, shown
@@ -36,8 +36,7 @@ from libs import bus, http_limits, init_inputs, names
 from libs.config import HttpServerConfig, PositiveFloat, PositiveInt, section
 from libs.contracts import Demand, Guard
 from libs.errors import Busy, Conflict, NotFound, Rejected, StatefleetError, Timeout, TooLarge, Unavailable
-from libs.fence import core as fence_core
-from libs.fence.ownership import assign, read_owner, update_summary
+from libs.fence.ownership import assign, read_owner
 from libs.http_limits import HttpLimits
 from libs.live_hosts import LiveHosts
 from libs.schemas.admission import (
@@ -118,7 +117,7 @@ class AdmissionService(Service):
         await self.hosts.watch()
         await self._recover()
         self.spawn(self.hosts.follow(self._wake.set, cfg.engine_watch_silence_s), "watch_engines")
-        self.spawn(self._drain_loop(), "drain")
+        self.spawn(self._place_queued_loop(), "place_queued")
         self.feed = FleetFeed(self.nc, self.js, queue=self.queue_view, heartbeat_s=cfg.heartbeat_s)
         await self.feed.start(self.spawn)
         app = http.make_app(self, Credentials(cfg.admin_token, cfg.api_keys))
@@ -190,10 +189,7 @@ class AdmissionService(Service):
                               max_input_bytes=min(r.max_input_bytes for r in rows) if rows else 0)
         reply = await bus.request(self.nc, names.FENCE_REGISTER, reg, RegisterReply,
                                   timeout_s=self.config.fence_timeout_s)
-        # what `statefleet status` shows about the session besides its owner (a hint)
-        await update_summary(self.js, session_id, fence_core.EMPTY, backend=req.backend,
-                             session_class=req.contract.session_class)
-        return reply.token
+        return reply.token  # fence wrote the session's first summary (backend, class) as it registered it
 
     async def _close_at_fence(self, session_id: str, reason: str) -> None:
         try:
@@ -255,7 +251,7 @@ class AdmissionService(Service):
             placement = await bus.request(self.nc, names.PLACEMENT_PLACE, req, Placement,
                                           timeout_s=self.config.place_timeout_s)
             # The host learns of the session from this assignment; it claims once its state is up.
-            await assign(self.nc, self.js, sid, placement.host_id, incarnation=placement.incarnation)
+            await assign(self.nc, sid, placement.host_id, incarnation=placement.incarnation)
         except (Rejected, Unavailable, Timeout, Conflict) as e:
             self.log.info("placement_deferred", session_id=sid, code=e.code, detail=e.detail)
             return None
@@ -270,18 +266,18 @@ class AdmissionService(Service):
         self.log.info("session_placed", session_id=sid, host_id=placement.host_id, tier=placement.estimate.tier)
         return placed
 
-    async def _drain_loop(self) -> None:
+    async def _place_queued_loop(self) -> None:
         while True:
             deadline = self.core.next_deadline()
             wait_s = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.time()))
             await wait_set(self._wake, wait_s)
             self._wake.clear()
             try:
-                await self._drain()
+                await self._place_queued()
             except StatefleetError as e:  # NATS down: the queue is intact, try again on the next wake
-                self.log.warning("drain_failed", code=e.code, detail=e.detail)
+                self.log.warning("place_queued_failed", code=e.code, detail=e.detail)
 
-    async def _drain(self) -> None:
+    async def _place_queued(self) -> None:
         """Time out expired waiters, then place from the head while the head fits."""
         async with self._lock:
             for cand, verdict in self.core.expire(time.time()):

@@ -30,7 +30,6 @@ import time
 from collections import deque
 from typing import Protocol
 
-import msgspec
 import structlog
 
 from libs import bus, logs
@@ -39,6 +38,7 @@ from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetErro
 from libs.fence.block_journal import BlockJournal
 from libs.fence.client import EngineClient, Lease
 from libs.fence.replay import replay_plan
+from libs.schemas.base import decode
 from libs.schemas.common import InputItem
 from libs.schemas.engine import CheckpointRef, OpenSession, SessionInfo
 from libs.schemas.fence import AssignNotice, ConsumedBlock, SessionMeta
@@ -55,7 +55,7 @@ TAKE_RETRY_S = 60.0
 
 def open_spec(meta: SessionMeta) -> OpenSession:
     """The engine session a registered session starts as, from its contract and init inputs."""
-    contract = msgspec.msgpack.decode(meta.contract, type=Contract)
+    contract = decode(meta.contract, Contract)  # a malformed one is a SchemaError, like every message
     return OpenSession(session_id=meta.session_id, backend=meta.backend, seed=meta.seed, prompt=meta.prompt,
                        image=meta.image, audio=meta.audio,
                        quality_floor=contract.quality_floor, session_class=contract.session_class,

@@ -93,12 +93,10 @@ class Dispatcher:
 
     def _item(self, s: Session, taken: list[Pending], last_seq: int, tier: int, *,
               replayed: bool = False, release: float | None = None) -> Item[BlockJob]:
-        s.busy = True
-        s.idle.clear()
-        s.pipe_seq += 1
+        seq = s.block_started()
         job = BlockJob(session=s, inputs=[p.parsed for p in taken], last_seq=last_seq,
                        accepted_at=[p.accepted_at for p in taken], tier=tier, replayed=replayed, release=release)
-        return Item(sid=s.sid, seq=s.pipe_seq, epoch=0, data=job)
+        return Item(sid=s.sid, seq=seq, epoch=0, data=job)
 
     async def _submit(self, items: list[Item[BlockJob]], d: Dispatch, now: float) -> None:
         self.in_flight += 1

@@ -89,7 +89,6 @@ class Lifecycle:
                     last_end=now)
         if spec.session_class == "C1" and self.c1_pacing and paced_output(backend):
             s.playout = Playout(spec.period_ms / 1000)
-        s.idle.set()
         await self.pipeline.open(spec.session_id)
         ladder = tuple(t for t in backend.tiers if t >= (spec.quality_floor or backend.tiers[0]))
         self.sched.add(Task(sid=spec.session_id, cls=spec.session_class, shape=s.shape, ladder=ladder,
@@ -115,8 +114,7 @@ class Lifecycle:
             s.fail_waiters(Conflict(f"session {sid} was closed", session_id=sid))
             # No block of it is left: a cancelled one never reaches the sink, so a hold waiting
             # for it to end would otherwise wait forever.
-            s.busy = False
-            s.idle.set()
+            s.no_block_left()
             self.wake()
             await self._end_journal(s, drain=drain)
         return SessionInfo(**{**{f: getattr(info, f) for f in info.__struct_fields__}, "state": "closed"})
@@ -125,9 +123,7 @@ class Lifecycle:
         """A block raised: fail the session and close it in order; the host goes on."""
         log.warning("session_failed", session_id=s.sid, error=repr(error))
         self.sessions.note_failed(s.sid, repr(error))
-        s.status = "failed"
-        s.busy = False
-        s.idle.set()
+        s.no_block_left("failed")
         self.sched.remove(s.sid)
         s.fail_waiters(Conflict(f"session {s.sid} failed: {error!r}", session_id=s.sid))
         task = asyncio.create_task(self._close_failed(s.sid))

@@ -144,10 +144,31 @@ class Session:
         self.blocks_done, self.target_blocks = d.blocks_done, d.blocks_done
         self.input_cursor, self.consumed_seq, self.pending = d.input_cursor, d.consumed_seq, pending
 
-    def block_finished(self, now: float) -> None:
-        """No block of it is in flight any more: wake boundary holders and the advances it satisfied."""
+    # "At most one block in flight" lives in the three methods below (and `__post_init__`): `busy` and
+    # `idle` are written nowhere else. `idle` is set exactly while no block of the session is in flight.
+
+    def __post_init__(self) -> None:
+        if not self.busy:
+            self.idle.set()
+
+    def block_started(self) -> int:
+        """A block of it goes into the pipeline: the pipeline sequence number it runs under."""
+        self.busy = True
+        self.idle.clear()
+        self.pipe_seq += 1
+        return self.pipe_seq
+
+    def no_block_left(self, status: SessionStatus | None = None) -> None:
+        """None of its blocks will reach the sink (cancelled by a close, or the session failed); `status`,
+        when given, is what it becomes."""
+        if status is not None:
+            self.status = status
         self.busy = False
         self.idle.set()
+
+    def block_finished(self, now: float) -> None:
+        """No block of it is in flight any more: wake boundary holders and the advances it satisfied."""
+        self.no_block_left()
         self.last_end = now
         still = []
         for target, fut in self.waiters:

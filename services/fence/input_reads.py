@@ -6,10 +6,9 @@ Item seqs rise with stream seq, so an item's batch is found by binary search ove
 
 from __future__ import annotations
 
-import nats.js.errors
 from nats.js import JetStreamContext
 
-from libs import names
+from libs import jetstream, names
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
@@ -17,22 +16,18 @@ from libs.schemas.fence import InputBatch
 
 async def next_batch(js: JetStreamContext, session_id: str, pos: int) -> tuple[InputBatch, int] | None:
     """The session's first stored batch at stream sequence ≥ `pos`, with its stream sequence."""
-    try:
-        raw = await js.get_msg(names.INPUT_STREAM, seq=pos, subject=names.input_subject(session_id),
-                               next=True, direct=True)
-    except nats.js.errors.NotFoundError:
-        return None
-    return decode(raw.data, InputBatch), raw.seq
+    raw = await jetstream.next_msg(js, names.INPUT_STREAM, names.input_subject(session_id), pos,
+                                   what="stored input", session_id=session_id)
+    return None if raw is None else (decode(raw.data, InputBatch), raw.seq)
 
 
 async def locate(js: JetStreamContext, session_id: str, item_seq: int) -> int:
     """The stream sequence to read from to find item `item_seq` (binary search; 1 if unknown)."""
-    lo, hi = 1, None
-    try:
-        raw = await js.get_last_msg(names.INPUT_STREAM, names.input_subject(session_id), direct=True)
-        hi = raw.seq
-    except nats.js.errors.NotFoundError:
+    raw = await jetstream.last_msg(js, names.INPUT_STREAM, names.input_subject(session_id), what="stored input",
+                                   session_id=session_id)
+    if raw is None:
         return 1
+    lo, hi = 1, raw.seq
     while lo < hi:
         mid = (lo + hi) // 2
         found = await next_batch(js, session_id, mid)

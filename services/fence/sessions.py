@@ -16,14 +16,13 @@ import re
 import secrets
 import time
 
-import nats.errors
-import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from libs import bus, errors, init_inputs, names
+from libs import bus, errors, init_inputs, jetstream, names
+from libs.contracts import Contract
 from libs.fence import core, ownership, session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import INPUT_KINDS, SessionSummary
@@ -76,28 +75,28 @@ class Sessions:
         media = (len(req.image.rgb) if req.image is not None else 0) + len(req.audio)
         meta = SessionMeta(**{**spec, "image": None, "audio": b""}, token_sha256=token_digest(token),
                            created_at=time.time(), init_media_bytes=media)
-        try:
-            if media:  # first: whoever reads the record finds its media
-                await self.kv.create(names.init_media_key(req.session_id),
-                                  encode(SessionInit(image=req.image, audio=req.audio)))
-            await self.kv.create(req.session_id, encode(meta))
-        except nats.js.errors.KeyWrongLastSequenceError:
-            raise errors.Conflict("session already registered", session_id=req.session_id) from None
+        # First the media: whoever reads the record finds them. Revision 0: only if the key has none yet.
+        if (media and not await bus.kv_swap(self.kv, names.init_media_key(req.session_id),
+                                            encode(SessionInit(image=req.image, audio=req.audio)), 0)) \
+                or not await bus.kv_swap(self.kv, req.session_id, encode(meta), 0):
+            raise errors.Conflict("session already registered", session_id=req.session_id)
         self._cache[req.session_id] = meta
         _log.info("session_registered", session_id=req.session_id, backend=req.backend)
+        # The hint's first summary (`statefleet status`); fence writes every later one too, after its appends.
         summaries = await self.js.key_value(names.SESSIONS_BUCKET)
         await summaries.put(req.session_id, encode(SessionSummary(
-            session_id=req.session_id, backend=req.backend, state="pending", updated_at=time.time())))
+            session_id=req.session_id, backend=req.backend, session_class=_session_class(req.contract),
+            state="pending", updated_at=time.time())))
         return RegisterReply(session_id=req.session_id, token=token)
 
     async def meta(self, req: MetaRequest) -> SessionMeta:
         """The record, with its init media when asked (a server starting the session needs them)."""
         meta, _ = await self._read(session_log.check_session_id(req.session_id))
         if req.init_media and meta.init_media_bytes and not meta.closed:  # a closed one starts nowhere again
-            try:
-                media = decode((await self.kv.get(names.init_media_key(req.session_id))).value, SessionInit)
-            except nats.js.errors.KeyNotFoundError:
-                raise errors.IntegrityError("the session's init media are missing", session_id=req.session_id) from None
+            entry = await bus.kv_read(self.kv, names.init_media_key(req.session_id))
+            if entry is None:
+                raise errors.IntegrityError("the session's init media are missing", session_id=req.session_id)
+            media = decode(entry.value, SessionInit)
             meta.image, meta.audio = media.image, media.audio
         return meta
 
@@ -146,16 +145,16 @@ class Sessions:
     async def _forget_media(self, session_id: str) -> None:
         """A closed session's init media are read by no one again: free them."""
         try:
-            await self.kv.purge(names.init_media_key(session_id))
-        except (nats.errors.Error, nats.js.errors.Error) as e:  # only storage until the bucket is cleaned
-            _log.warning("init_media_purge_failed", session_id=session_id, error=repr(e))
+            await jetstream.purge_key(self.kv, names.init_media_key(session_id), what="init media")
+        except errors.Unavailable as e:  # only storage until the bucket is cleaned
+            _log.warning("init_media_purge_failed", session_id=session_id, error=e.detail)
 
     async def _purge_input(self, session_id: str) -> None:
         """A closed session's stored input is never released again (its log ends in Close): free it."""
         try:
-            await self.js.purge_stream(names.INPUT_STREAM, subject=names.input_subject(session_id))
-        except (nats.errors.Error, nats.js.errors.Error) as e:  # retention ages it out anyway
-            _log.warning("input_purge_failed", session_id=session_id, error=repr(e))
+            await jetstream.purge(self.js, names.INPUT_STREAM, names.input_subject(session_id), what="stored input")
+        except errors.Unavailable as e:  # retention ages it out anyway
+            _log.warning("input_purge_failed", session_id=session_id, error=e.detail)
 
     # -------------------------------------------------------------- ingress side
 
@@ -188,19 +187,27 @@ class Sessions:
     # -------------------------------------------------------------- KV
 
     async def _read(self, session_id: str) -> tuple[SessionMeta, int]:
-        try:
-            entry = await self.kv.get(session_id)
-        except nats.js.errors.KeyNotFoundError:
-            raise errors.NotFound("unknown session", session_id=session_id) from None
+        entry = await bus.kv_read(self.kv, session_id)
+        if entry is None:
+            raise errors.NotFound("unknown session", session_id=session_id)
         return decode(entry.value, SessionMeta), entry.revision
 
     async def _write(self, meta: SessionMeta, revision: int) -> bool:
-        try:
-            await self.kv.update(meta.session_id, encode(meta), last=revision)
-        except nats.js.errors.KeyWrongLastSequenceError:
+        if not await bus.kv_swap(self.kv, meta.session_id, encode(meta), revision):
             return False
         if meta.closed:
             self._cache.pop(meta.session_id, None)
         else:
             self._cache[meta.session_id] = meta
         return True
+
+
+def _session_class(contract: bytes) -> str:
+    """The contract's session class for the summary ("" when none was sent or it does not decode: fence
+    only stores the contract, admission and the engine check it)."""
+    if not contract:
+        return ""
+    try:
+        return decode(contract, Contract).session_class
+    except errors.SchemaError:
+        return ""

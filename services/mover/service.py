@@ -183,7 +183,7 @@ class MoverService(Service):
             owner = (await read_owner(self.js, req.session_id)).view.owner
             done = owner is not None and (owner.server_id, owner.version) == (req.dest, owner_version + 1)
             if not done:
-                await assign(self.nc, self.js, req.session_id, req.dest, expect_version=owner_version)
+                await assign(self.nc, req.session_id, req.dest, expect_version=owner_version)
         await self._finish_commit(req, move_id)
 
     async def _finish_commit(self, req: MoveRequest, move_id: str) -> None:

@@ -19,7 +19,9 @@ from services.placement.failover import Stranded
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
+class Departure:
+    """Where one of a draining host's sessions goes: by a live move, or a hand-over if the move is refused."""
+
     session_id: str
     dest: str
     incarnation: str
@@ -29,11 +31,11 @@ class Move:
 
 def plan_moves(source: str, sessions: Sequence[Stranded], hosts: Sequence[EngineEntry],
                records: Mapping[str, HostRecord], guard: Guard, settle_s: float,
-               now: float) -> tuple[list[Move], list[tuple[str, list[Estimate]]]]:
+               now: float) -> tuple[list[Departure], list[tuple[str, list[Estimate]]]]:
     """(moves, sessions no other host has room for with every host's estimate)."""
     records = dict(records)
     by_id = {h.host_id: h for h in hosts}
-    moves: list[Move] = []
+    moves: list[Departure] = []
     no_room: list[tuple[str, list[Estimate]]] = []
     for s in sorted(sessions, key=lambda s: s.session_id):
         assert s.view.owner is not None
@@ -44,13 +46,13 @@ def plan_moves(source: str, sessions: Sequence[Stranded], hosts: Sequence[Engine
         inc = by_id[best.host_id].incarnation
         records[best.host_id] = capacity.reserve(records.get(best.host_id) or HostRecord(host_id=best.host_id),
                                                  s.session_id, best, inc, now)
-        moves.append(Move(s.session_id, best.host_id, inc, s.view.owner.version, best))
+        moves.append(Departure(s.session_id, best.host_id, inc, s.view.owner.version, best))
     return moves, no_room
 
 
-def rounds(moves: Sequence[Move]) -> list[list[Move]]:
+def rounds(moves: Sequence[Departure]) -> list[list[Departure]]:
     """The moves in order, cut into rounds in which every receiver appears at most once."""
-    out: list[list[Move]] = []
+    out: list[list[Departure]] = []
     for m in moves:
         slot = next((r for r in out if all(o.dest != m.dest for o in r)), None)
         if slot is None:

@@ -20,7 +20,7 @@ from libs.contracts import Guard
 from libs.errors import Conflict, Rejected
 from libs.schemas.placement import DrainReport, HostRequest, SessionOutcome
 from services.placement import drain, failover
-from services.placement.drain import Move as DrainMove
+from services.placement.drain import Departure
 from services.placement.parts import FleetReader, Owners, Relocating, Reserving
 
 MAX_PASSES = 3  # sessions that reached the host while it drained get another pass
@@ -83,7 +83,7 @@ class Drainer:
             out.append(failover.Stranded(s.session_id, view, contract, backend))
         return out
 
-    async def _move(self, host: str, m: DrainMove) -> SessionOutcome:
+    async def _move(self, host: str, m: Departure) -> SessionOutcome:
         if self.view.is_live(host):
             why = "live move " + await self.relocation.move(m.session_id, host, m.dest)
             if await self.relocation.landed(m.session_id, host, m.dest):

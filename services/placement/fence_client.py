@@ -32,7 +32,7 @@ class FenceClient:
 
     async def assign(self, session_id: str, host_id: str, *, expect_version: int, incarnation: str) -> None:
         """Fence assigns `host_id` at the next version; `Conflict` if the session moved on from `expect_version`."""
-        await assign(self.nc, self.js, session_id, host_id, expect_version=expect_version, incarnation=incarnation)
+        await assign(self.nc, session_id, host_id, expect_version=expect_version, incarnation=incarnation)
 
     async def summarize(self, session_id: str, view: SessionView, **fields: str) -> None:
         await update_summary(self.js, session_id, view, **fields)

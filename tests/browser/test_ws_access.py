@@ -85,8 +85,7 @@ async def test_a_foreign_origin_is_refused_before_the_handshake(fence, nc, http)
 
 async def test_output_socket_tells_the_owner_and_its_changes_then_chunks(fence, nc, http):
     token = await register(nc, "b5")
-    js = nc.jetstream()
-    await ownership.assign(nc, js, "b5", "e0")
+    await ownership.assign(nc, "b5", "e0")
     e0 = await engine(nc, "e0")
     try:
         await e0.adopt("b5", 1)
@@ -95,7 +94,7 @@ async def test_output_socket_tells_the_owner_and_its_changes_then_chunks(fence, 
             assert await ws.receive_json(timeout=5) == {"authenticated": True}
             assert await ws.receive_json(timeout=5) == {"owner": {"server_id": "e0", "version": 1, "claimed": True,
                                                                   "closed": False}}
-            await ownership.assign(nc, js, "b5", "e1")
+            await ownership.assign(nc, "b5", "e1")
             assert (await ws.receive_json(timeout=5))["owner"] == {"server_id": "e1", "version": 2, "claimed": False,
                                                                    "closed": False}
             chunk = OutputChunk(session_id="b5", block=3, kind="audio", dtype="int16", shape=[1], part=0, parts=1,

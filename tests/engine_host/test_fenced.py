@@ -3,7 +3,6 @@ from the checkpoint fence recorded, with every accepted item applied exactly onc
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -15,6 +14,7 @@ from libs.fence.ownership import assign, read_owner
 from libs.schemas.fence import MetaRequest, RegisterReply, RegisterRequest, SessionMeta
 from services.engine_host.service import EngineHostConfig, EngineHostService
 from services.fence.service import FenceService
+from tests.support.waiting import eventually
 
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=50.0)
 
@@ -32,14 +32,6 @@ async def register(nc, sid: str) -> str:
     req = RegisterRequest(session_id=sid, backend="avatar", seed=3, prompt="narrator",
                           contract=msgspec.msgpack.encode(CONTRACT), tier=1)
     return (await bus.request(nc, names.FENCE_REGISTER, req, RegisterReply)).token
-
-
-async def eventually(fn, timeout_s: float = 20.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if result := await fn():
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 async def post_items(fence: FenceService, sid: str, token: str, texts: list[str], *, first_seq: int) -> None:
@@ -61,7 +53,7 @@ async def test_assigned_session_is_claimed_and_takes_only_fenced_input(nats_serv
     host = await start_host(nats_server.url, "h1", tmp_path)
     try:
         token = await register(nc, "s1")
-        await assign(nc, nc.jetstream(), "s1", "h1")
+        await assign(nc, "s1", "h1")
         await eventually(lambda: claimed_by(nc.jetstream(), "s1", "h1"))
         await post_items(fence, "s1", token, [f"line {i}" for i in range(1, 6)], first_seq=1)
 
@@ -80,7 +72,7 @@ async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats
     h2 = await start_host(nats_server.url, "h2", tmp_path, checkpoint_every_s=300.0)
     try:
         token = await register(nc, "s2")
-        await assign(nc, js, "s2", "h1")
+        await assign(nc, "s2", "h1")
         await eventually(lambda: claimed_by(js, "s2", "h1"))
         await post_items(fence, "s2", token, [json.dumps(i) for i in range(1, 6)], first_seq=1)
 
@@ -96,7 +88,7 @@ async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats
         await h1.nc.close()
         await post_items(fence, "s2", token, [json.dumps(i) for i in range(6, 9)], first_seq=6)
         meta = await bus.request(nc, names.FENCE_META, MetaRequest(session_id="s2"), SessionMeta)
-        await assign(nc, js, "s2", "h2")
+        await assign(nc, "s2", "h2")
         await eventually(lambda: claimed_by(js, "s2", "h2"))
 
         async def caught_up():

@@ -138,7 +138,7 @@ async def test_a_checkpoint_recorded_between_the_meta_read_and_the_claim_is_inst
     new = EngineClient(nc, js, "B")
     await new.start()
     try:
-        await assign(nc, js, sid, "A")
+        await assign(nc, sid, "A")
         await old.claim(sid, 1, 0)
         await old.checkpoint(sid, 1, "ck-5", cursor=5, block=5)
 
@@ -156,7 +156,7 @@ async def test_a_checkpoint_recorded_between_the_meta_read_and_the_claim_is_inst
         replacement = Assignments(new, host, checkpoint_every_s=3600.0, orphan_grace_s=3600.0)
         running = asyncio.create_task(replacement.run())
         try:
-            await assign(nc, js, sid, "B")  # the failover: fence assigns the session to B
+            await assign(nc, sid, "B")  # the failover: fence assigns the session to B
 
             async def served() -> bool:
                 view = (await read_owner(js, sid)).view

@@ -112,7 +112,7 @@ class Stack:
         self.tokens[sid] = (await bus.request(self.nc, names.FENCE_REGISTER, req, RegisterReply)).token
         placement = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
             session_id=sid, backend=backend, contract=contract, guard=guard or Guard()), Placement)
-        await assign(self.nc, self.js, sid, placement.host_id, incarnation=placement.incarnation)
+        await assign(self.nc, sid, placement.host_id, incarnation=placement.incarnation)
         await eventually(lambda: self.claimed_by(sid, placement.host_id))
         return placement
 

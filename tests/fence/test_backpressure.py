@@ -31,7 +31,7 @@ async def test_a_slow_engine_backs_ingress_off_with_429_and_nothing_is_lost(nats
     await client.start()
     try:
         token = await register(nc, "bp1")
-        a = await ownership.assign(nc, nc.jetstream(), "bp1", "e1")
+        a = await ownership.assign(nc, "bp1", "e1")
         lease = await client.claim("bp1", a.version, cursor=0)  # claimed, and taking nothing yet
 
         acked, refusals = [], []

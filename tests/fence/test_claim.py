@@ -30,7 +30,7 @@ def request(version: int, incarnation: str = "p1", claim_id: str = "c1") -> Clai
 async def test_a_repeated_claim_is_granted_again_and_lands_once(fence, nc):
     js = nc.jetstream()
     await register(nc, SID)
-    assigned = await ownership.assign(nc, js, SID, "E", incarnation="p1")
+    assigned = await ownership.assign(nc, SID, "E", incarnation="p1")
     first = await bus.request(nc, names.FENCE_CLAIM, request(assigned.version), ClaimReply)
     again = await bus.request(nc, names.FENCE_CLAIM, request(assigned.version), ClaimReply)
     assert first.log_seq > 0 and again.log_seq == 0  # the second found the first's claim
@@ -47,7 +47,7 @@ async def test_a_claim_asked_while_fence_is_down_lands_when_it_is_back(nats_serv
     js = nc.jetstream()
     fence = await start_fence(nats_server.url, "fence-a")
     await register(nc, SID)
-    assigned = await ownership.assign(nc, js, SID, "E")
+    assigned = await ownership.assign(nc, SID, "E")
     await fence.stop()
     client = EngineClient(nc, js, "E")
     await client.start()

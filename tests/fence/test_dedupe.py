@@ -21,7 +21,7 @@ async def test_a_resend_is_answered_with_the_first_seq_and_stored_once(nats_serv
     try:
         token = await register(nc, "d1")
         eng = await engine(nc, "E")
-        await eng.adopt("d1", (await ownership.assign(nc, js, "d1", "E")).version)
+        await eng.adopt("d1", (await ownership.assign(nc, "d1", "E")).version)
         assert await post(http, fence, "d1", token, item("a", "id-a")) == (200, {"session_id": "d1", "seq": 1})
         assert await post(http, fence, "d1", token, item("a", "id-a")) == \
             (200, {"session_id": "d1", "seq": 1, "duplicate": True})

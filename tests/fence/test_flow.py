@@ -10,7 +10,7 @@ async def test_post_assign_claim_release(fence, nc, http, capsys):
     assert status == 200 and body["seq"] == 1
     assert (await post(http, fence, "s1", token[:-1], {"kind": "text", "data": "no"}))[0] == 401
     eng = await engine(nc, "e1")
-    a = await ownership.assign(nc, nc.jetstream(), "s1", "e1")
+    a = await ownership.assign(nc, "s1", "e1")
     lease = await eng.adopt("s1", a.version)
     for i in range(2, 6):
         status, body = await post(http, fence, "s1", token, {"kind": "action", "data": {"keys": ["w"], "i": i}})

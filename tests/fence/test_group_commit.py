@@ -37,7 +37,7 @@ async def test_a_burst_shares_stores_and_is_answered_in_frame_order(fence, nc, h
     js = nc.jetstream()
     token = await register(nc, "g1")
     eng = await engine(nc, "E")
-    await eng.adopt("g1", (await ownership.assign(nc, js, "g1", "E")).version)
+    await eng.adopt("g1", (await ownership.assign(nc, "g1", "E")).version)
     frames = [frame(f"t{i}") if i % 50 != 7 else "garbage" for i in range(300)]
     answers = await burst(http, fence, "g1", token, frames)
     good = [f for f in frames if f != "garbage"]
@@ -60,7 +60,7 @@ async def test_two_instances_storing_one_session_never_share_a_seq(nats_server, 
     try:
         token = await register(nc, "g2")
         eng = await engine(nc, "E")
-        await eng.adopt("g2", (await ownership.assign(nc, js, "g2", "E")).version)
+        await eng.adopt("g2", (await ownership.assign(nc, "g2", "E")).version)
         sent = {c: [frame(f"{c}{i}") for i in range(150)] for c in ("a", "b", "c", "d")}
         conns = list(sent)
         answers = await asyncio.gather(*(burst(http, fences[k % 2], "g2", token, sent[c])
@@ -81,11 +81,10 @@ async def test_two_instances_storing_one_session_never_share_a_seq(nats_server, 
 
 
 async def test_the_bound_counts_queued_items_and_nothing_is_lost(nats_server, nc, http):
-    js = nc.jetstream()
     fence = await start_fence(nats_server.url, "fence-q", max_pending_items=5)
     try:
         token = await register(nc, "g3")
-        a = await ownership.assign(nc, js, "g3", "e1")  # assigned, not claimed: items wait
+        a = await ownership.assign(nc, "g3", "e1")  # assigned, not claimed: items wait
         answers = await burst(http, fence, "g3", token, [frame(str(i)) for i in range(20)])
         assert [x.get("seq") for x in answers[:5]] == [1, 2, 3, 4, 5]
         assert all(x["error"]["code"] == "busy" for x in answers[5:])
@@ -155,7 +154,7 @@ async def test_items_stored_by_an_instance_that_died_before_releasing_reach_the_
     js = nc.jetstream()
     await register(nc, "g6")
     eng = await engine(nc, "E")
-    await eng.adopt("g6", (await ownership.assign(nc, js, "g6", "E")).version)
+    await eng.adopt("g6", (await ownership.assign(nc, "g6", "E")).version)
     dead = InputAppender(js, max_group_items=8, max_group_bytes=1 << 20)  # on_stored=None: nobody offers
     stored = await asyncio.gather(*(dead.append("g6", "text", f'"{i}"'.encode(), 0.0) for i in range(30)))
     assert sorted(s.seq for s in stored) == list(range(1, 31))

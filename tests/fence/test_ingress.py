@@ -60,7 +60,7 @@ async def test_unclaimed_session_waits_bounded_then_busy_and_nothing_is_lost(nat
     fence = await start_fence(nats_server.url, "fence-b", max_pending_items=5)
     try:
         token = await register(nc, "w1")
-        a = await ownership.assign(nc, nc.jetstream(), "w1", "e1")  # assigned, not claimed
+        a = await ownership.assign(nc, "w1", "e1")  # assigned, not claimed
         codes = [(await post(http, fence, "w1", token, {"kind": "text", "data": str(i)}))[0] for i in range(8)]
         assert codes == [200] * 5 + [429] * 3
         eng = await engine(nc, "e1")
@@ -85,7 +85,7 @@ async def test_verbs_refuse_bad_requests_and_append_nothing(fence, nc):
         await bus.request(nc, "sf.fence.meta", MetaRequest(session_id="missing"), SessionMeta)
     garbage = await nc.request("sf.fence.meta", b"\xc1", timeout=2)
     assert garbage.headers[bus.ERROR_HEADER] == "schema"
-    a = await ownership.assign(nc, js, "v1", "e1")
+    a = await ownership.assign(nc, "v1", "e1")
     e1, e2 = await engine(nc, "e1"), await engine(nc, "e2")
     before = (await session_log.read_tail(js, "v1")).seq
     with pytest.raises(errors.Conflict):
@@ -93,7 +93,7 @@ async def test_verbs_refuse_bad_requests_and_append_nothing(fence, nc):
     with pytest.raises(errors.Conflict):
         await e1.client.claim("v1", a.version + 1, 0)  # not an assigned version
     with pytest.raises(errors.Conflict):
-        await ownership.assign(nc, js, "v1", "e2", expect_version=a.version - 1)  # stale view
+        await ownership.assign(nc, "v1", "e2", expect_version=a.version - 1)  # stale view
     with pytest.raises(errors.Conflict):  # a checkpoint from a server that does not hold the claim
         await bus.request(nc, "sf.fence.checkpoint", CheckpointRequest(
             session_id="v1", server_id="e1", version=a.version, ref="r", cursor=0), SessionMeta)
@@ -101,7 +101,7 @@ async def test_verbs_refuse_bad_requests_and_append_nothing(fence, nc):
     lease = await e1.client.claim("v1", a.version, 0)
     with pytest.raises(errors.Conflict):
         await e1.client.claim("v1", a.version, 0)  # duplicate claim
-    b = await ownership.assign(nc, js, "v1", "e2", expect_version=a.version)
+    b = await ownership.assign(nc, "v1", "e2", expect_version=a.version)
     await wait_for(lambda: lease.revoked.is_set())
     with pytest.raises(errors.Conflict):
         await e1.client.claim("v1", a.version, 0)  # stale version after the newer assign
@@ -112,7 +112,7 @@ async def test_verbs_refuse_bad_requests_and_append_nothing(fence, nc):
 
 async def test_close_stops_ingress_and_revokes(fence, nc, http):
     token = await register(nc, "c1")
-    a = await ownership.assign(nc, nc.jetstream(), "c1", "e1")
+    a = await ownership.assign(nc, "c1", "e1")
     eng = await engine(nc, "e1")
     lease = await eng.adopt("c1", a.version)
     assert (await post(http, fence, "c1", token, {"kind": "text", "data": "x"}))[0] == 200

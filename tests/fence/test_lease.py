@@ -30,8 +30,8 @@ async def write(js, release: Release) -> None:
 @pytest.mark.parametrize("offset", [-1, +1], ids=["older_version", "newer_version"])
 async def test_a_release_to_this_server_at_another_version_is_ignored(fence, nc, offset):
     js = nc.jetstream()
-    await ownership.assign(nc, js, SID, "E")
-    mine = await ownership.assign(nc, js, SID, "E")  # the same server at version 2: version 1 is a stale self
+    await ownership.assign(nc, SID, "E")
+    mine = await ownership.assign(nc, SID, "E")  # the same server at version 2: version 1 is a stale self
     client = EngineClient(nc, js, "E")
     await client.start()
     try:
@@ -53,10 +53,10 @@ async def test_a_feed_restarted_from_the_start_of_the_log_does_not_revoke_the_le
     records again: they are history from before the claim, not a revocation, and no item is applied
     twice."""
     js = nc.jetstream()
-    await ownership.assign(nc, js, SID, "A")
-    old = await ownership.assign(nc, js, SID, "A")
+    await ownership.assign(nc, SID, "A")
+    old = await ownership.assign(nc, SID, "A")
     await write(js, Release(server_id="A", version=old.version, items=[item(1, "history")]))
-    mine = await ownership.assign(nc, js, SID, "E")
+    mine = await ownership.assign(nc, SID, "E")
     client = EngineClient(nc, js, "E")
     await client.start()
     try:
@@ -83,8 +83,8 @@ async def test_one_consumer_per_host_however_many_leases(fence, nc):
     try:
         leases = {}
         for sid in sids:
-            await ownership.assign(nc, js, sid, "A")  # an older owner elsewhere: its records are not ours
-            mine = await ownership.assign(nc, js, sid, "E")
+            await ownership.assign(nc, sid, "A")  # an older owner elsewhere: its records are not ours
+            mine = await ownership.assign(nc, sid, "E")
             leases[sid] = await client.claim(sid, mine.version, cursor=0)
         consumers = (await js.stream_info(names.SESSION_STREAM)).state.consumer_count
         assert consumers == 1
@@ -106,7 +106,7 @@ async def test_a_release_delivered_before_the_claim_is_answered_is_not_lost(fenc
     """The gateway may release right after the claim lands, and the host's feed deliver that release,
     before the claim's answer reaches the engine and the lease exists: the client holds it for the lease."""
     js = nc.jetstream()
-    mine = await ownership.assign(nc, js, SID, "E")
+    mine = await ownership.assign(nc, SID, "E")
     client = EngineClient(nc, js, "E")
     await client.start()
     request = bus.request

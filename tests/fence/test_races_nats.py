@@ -39,7 +39,7 @@ async def controller(nc, rng: random.Random, stop: asyncio.Event) -> None:
         seen = await ownership.read_owner(js, sid)  # a stale view by the time it is used
         await asyncio.sleep(rng.uniform(0, 0.03))
         with contextlib.suppress(errors.Conflict):
-            await ownership.assign(nc, js, sid, rng.choice(SERVERS),
+            await ownership.assign(nc, sid, rng.choice(SERVERS),
                                    expect_version=seen.view.owner.version if seen.view.owner else 0)
         await asyncio.sleep(rng.uniform(0.05, 0.15))
 
@@ -56,7 +56,7 @@ async def test_two_gateways_with_concurrent_reassignment(nats_server, http, seed
     loops = [asyncio.create_task(adopt_loop(e, rng, leases)) for e in engines]
     tokens = {sid: await register(nc, sid) for sid in SESSIONS}
     for sid in SESSIONS:
-        await ownership.assign(nc, nc.jetstream(), sid, rng.choice(SERVERS))
+        await ownership.assign(nc, sid, rng.choice(SERVERS))
     stop = asyncio.Event()
     controllers = [asyncio.create_task(controller(nc, random.Random(seed * 10 + i), stop)) for i in range(2)]
     try:
@@ -69,7 +69,7 @@ async def test_two_gateways_with_concurrent_reassignment(nats_server, http, seed
         await asyncio.gather(*controllers)
         final = {}
         for sid in SESSIONS:  # one last assign; its owner must end with every item exactly once
-            a = await ownership.assign(nc, nc.jetstream(), sid, "e0")
+            a = await ownership.assign(nc, sid, "e0")
             final[sid] = a.version
         await wait_for(lambda: all(any(le.owner.server_id == "e0" and le.owner.version == final[le.session_id]
                                            for le in leases if le.session_id == sid) for sid in SESSIONS), 20)

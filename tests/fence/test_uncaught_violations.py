@@ -23,7 +23,7 @@ from tests.fence.conftest import register
 async def test_a_checkpoint_behind_the_recorded_one_is_refused_and_changes_nothing(nc, fence):
     sid = "ckpt-back"
     await register(nc, sid)
-    await ownership.assign(nc, nc.jetstream(), sid, "A")
+    await ownership.assign(nc, sid, "A")
     client = EngineClient(nc, nc.jetstream(), "A")
     await client.start()
     try:
@@ -50,7 +50,7 @@ def test_the_core_refuses_another_incarnations_claim_before_the_named_one_claime
 async def test_fence_refuses_another_incarnations_claim_before_the_named_one_claimed(nc, fence):
     sid = "inc-first"
     await register(nc, sid)
-    await ownership.assign(nc, nc.jetstream(), sid, "h1", incarnation="inc-a")
+    await ownership.assign(nc, sid, "h1", incarnation="inc-a")
     with pytest.raises(Conflict):
         await bus.request(nc, names.FENCE_CLAIM, ClaimRequest(session_id=sid, server_id="h1", version=1, cursor=0,
                                                               incarnation="inc-b", claim_id="b-1"), ClaimReply)

@@ -42,7 +42,7 @@ async def create(stack: Stack, sid: str, contract: Contract, backend: str = "ava
     stack.tokens[sid] = (await bus.request(stack.nc, names.FENCE_REGISTER, req, RegisterReply)).token
     placement = await bus.request(stack.nc, names.PLACEMENT_PLACE, PlaceRequest(
         session_id=sid, backend=backend, contract=contract), Placement)
-    await assign(stack.nc, stack.js, sid, placement.host_id, incarnation=placement.incarnation)
+    await assign(stack.nc, sid, placement.host_id, incarnation=placement.incarnation)
     await eventually(lambda: stack.claimed_by(sid, placement.host_id))
     return placement.host_id
 

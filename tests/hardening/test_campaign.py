@@ -64,7 +64,7 @@ class Stack:
         self.control_token = await register(self.nc, "control", backend="avatar", input_kinds=["text"])
         self.toy = await engine(self.nc, "toy")
         from libs.fence.ownership import assign
-        await assign(self.nc, self.nc.jetstream(), "control", "toy")
+        await assign(self.nc, "control", "toy")
         await self.toy.adopt("control", 1)
 
     async def _beat(self) -> None:

@@ -24,7 +24,7 @@ async def test_the_gateway_consumer_skips_junk_and_releases_what_follows(nats_se
     await register(nc, "g1")
     toy = await engine(nc, "e1")
     try:
-        await assign(nc, js, "g1", "e1")
+        await assign(nc, "g1", "e1")
         await toy.adopt("g1", 1)
         # junk only a bus client could store: undecodable bytes, an empty batch, a batch naming another session
         await js.publish(names.input_subject("g1"), b"\xff\x00not msgpack")
@@ -52,7 +52,6 @@ async def wait_for_consumer(js) -> None:
 
 async def test_the_assignment_watcher_survives_a_timeout_and_a_malformed_notice(nats_server, nc, fence,  # noqa: F811
                                                                              monkeypatch):
-    js = nc.jetstream()
     await register(nc, "w1")
     toy = await engine(nc, "e2")
     real_read_tail = session_log.read_tail
@@ -71,7 +70,7 @@ async def test_the_assignment_watcher_survives_a_timeout_and_a_malformed_notice(
         bad = AssignNotice(session_id="x\ny", server_id="e2", version=1, log_seq=1)
         await nc.publish(names.assigned_subject("e2"), encode(bad))
         await nc.publish(names.assigned_subject("e2"), b"\x00garbage")
-        await assign(nc, js, "w1", "e2")
+        await assign(nc, "w1", "e2")
         armed = True  # the watcher's first log read times out: retried, not fatal
         notice = await toy.client.next_assignment()
         assert (notice.session_id, notice.version) == ("w1", 1)

@@ -37,7 +37,7 @@ async def test_a_poison_item_is_skipped_reported_and_never_stops_the_session_or_
     h2 = await start_host(nats_server.url, "h2", tmp_path, checkpoint_every_s=300.0)
     try:
         token = await register(nc, "p1")  # registered without input kinds: ingress cannot refuse for the backend
-        await assign(nc, js, "p1", "h1")
+        await assign(nc, "p1", "h1")
         await eventually(lambda: claimed_by(js, "p1", "h1"))
         # seq 2 is a json item an avatar cannot take; seq 4 is text too long for it
         bodies = [{"kind": "text", "data": "one"}, {"kind": "json", "data": {"x": 1}},
@@ -59,7 +59,7 @@ async def test_a_poison_item_is_skipped_reported_and_never_stops_the_session_or_
         # released to it again, and again the refused ones are skipped
         await h1.assignments.stop()
         await h1.nc.close()
-        await assign(nc, js, "p1", "h2")
+        await assign(nc, "p1", "h2")
         await eventually(lambda: claimed_by(js, "p1", "h2"))
         assert await post(fence, "p1", token, {"kind": "text", "data": json.dumps("six")}) == \
             (200, {"session_id": "p1", "seq": 6})

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from libs.fence import block_journal
 from libs.fence.ownership import read_owner
 from libs.schemas.engine import OutputChunk, SessionInfo, SessionRef
 from libs.schemas.fence import BlockEntry, MetaRequest, RegisterReply, RegisterRequest, SessionMeta
+from tests.support import waiting
 
 # T0: blocks never coalesced, bits reproducible. 50 ms blocks keep the test short on a busy CPU.
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T0", period_ms=50.0)
@@ -95,13 +96,8 @@ async def info(nc, host_id: str, sid: str) -> SessionInfo:
     return await bus.request(nc, names.engine_subject(host_id, "info"), SessionRef(session_id=sid), SessionInfo)
 
 
-async def eventually(fn: Callable, timeout_s: float = 30.0, what: str = "condition"):
-    for _ in range(int(timeout_s / 0.05)):
-        with contextlib.suppress(Exception):
-            if result := await fn():
-                return result
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout_s}s")
+# Hosts are separate processes: a condition read from one still starting may fail, which is "not yet".
+eventually = functools.partial(waiting.eventually, tolerate=(Exception,))
 
 
 async def claimed_by(nc, sid: str, host_id: str) -> bool:

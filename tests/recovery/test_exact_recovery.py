@@ -35,7 +35,7 @@ async def serve_until_checkpointed(nc, fence, hosts, sid: str):
     await asyncio.gather(h1.ready(nc), h2.ready(nc))
     token = await register(nc, sid)
     out = await watch_output(nc, sid)
-    v1 = (await assign(nc, nc.jetstream(), sid, "h1")).version
+    v1 = (await assign(nc, sid, "h1")).version
     await eventually(lambda: claimed_by(nc, sid, "h1"), what="h1's claim")
     producer = Producer(f"http://127.0.0.1:{fence.http_port}", sid, token)
     producer.start()
@@ -51,7 +51,7 @@ async def serve_until_checkpointed(nc, fence, hosts, sid: str):
 
 async def take_over(nc, sid: str, v1: int, out: OutputLog, last_dead_block: int) -> None:
     """Assign `sid` to h2 (as failover does: only if h1 still holds v1) and wait for live output past h1's."""
-    await assign(nc, nc.jetstream(), sid, "h2", expect_version=v1)
+    await assign(nc, sid, "h2", expect_version=v1)
     await eventually(lambda: claimed_by(nc, sid, "h2"), what="h2's claim")
 
     async def live_past() -> bool:

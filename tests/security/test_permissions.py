@@ -103,9 +103,9 @@ async def test_only_fence_appends_to_the_ownership_log(nats_server, fence_as_fen
         try:
             await bus.request(admission_nc, names.FENCE_REGISTER,
                               RegisterRequest(session_id="x", backend="toy", seed=1), RegisterReply)
-            a = await ownership.assign(admission_nc, admission_nc.jetstream(), "x", "e0")
+            a = await ownership.assign(admission_nc, "x", "e0")
             assert a.version == 1
-            stale = ownership.assign(admission_nc, admission_nc.jetstream(), "x", "e1", expect_version=0)
+            stale = ownership.assign(admission_nc, "x", "e1", expect_version=0)
             with pytest.raises(errors.Conflict):
                 await stale
             assert (await ownership.read_owner(js, "x")).view.owner.server_id == "e0"
@@ -188,7 +188,7 @@ async def test_an_engine_claims_only_through_fence(nats_server, fence_as_fence, 
     try:
         await bus.request(admission, names.FENCE_REGISTER, RegisterRequest(session_id="c", backend="toy", seed=1),
                           RegisterReply)
-        assigned = await ownership.assign(admission, admission.jetstream(), "c", "e0")
+        assigned = await ownership.assign(admission, "c", "e0")
         e0 = await probes("engine.e0")
         forged = LogRecord(event=Claim(server_id="e0", version=assigned.version, cursor=0),
                            view=SessionView(owner=Owner(server_id="e0", version=assigned.version)))
@@ -253,8 +253,8 @@ async def test_admission_follows_moves_in_flight_and_their_receipts(nats_server,
 
 
 async def test_only_the_summarys_writers_may_put_into_the_sessions_hint(nats_server, fence_as_fence, probes):
-    """`sf_sessions` is written by fence (after each append), admission (a new session's first summary) and
-    placement (orphans); an engine host and the mover only read it."""
+    """`sf_sessions` is written by fence (a new session's first summary, then after each append) and
+    placement (orphans); an engine host, the mover and admission only read it."""
     for user in ("engine.e0", "mover"):
         p = await probes(user)
         await p.nc.publish(f"$KV.{names.SESSIONS_BUCKET}.s", b"forged summary")
@@ -263,3 +263,11 @@ async def test_only_the_summarys_writers_may_put_into_the_sessions_hint(nats_ser
     await writer.nc.publish(f"$KV.{names.SESSIONS_BUCKET}.s", b"a summary")
     await writer.nc.flush()
     assert not any(names.SESSIONS_BUCKET in v for v in writer.violations)
+
+
+async def test_admission_only_reads_the_sessions_hint(nats_server, fence_as_fence, probes):
+    """Fence writes a new session's first summary as it registers it (issue 22: one writer fewer), so
+    admission's user may read `sf_sessions` and not put into it."""
+    p = await probes("admission")
+    await p.nc.publish(f"$KV.{names.SESSIONS_BUCKET}.s", b"forged summary")
+    await p.refused(f'Publish to "$KV.{names.SESSIONS_BUCKET}.s"')

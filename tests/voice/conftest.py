@@ -38,6 +38,6 @@ async def serving(nc, fence_svc, host: str, sid: str, **kw) -> tuple[AvatarStrea
     token = await register(nc, sid)
     stream = AvatarStream(*urls(fence_svc, sid), token, **kw)
     await stream.start()
-    await assign(nc, nc.jetstream(), sid, host)
+    await assign(nc, sid, host)
     await eventually(lambda: claimed_by(nc, sid, host), what=f"{host}'s claim")
     return stream, token

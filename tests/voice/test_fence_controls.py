@@ -87,7 +87,7 @@ async def test_a_clear_overtakes_an_owners_full_queue(nc, voice_fence, http):
     client = EngineClient(nc, nc.jetstream(), "e1")
     await client.start()
     try:
-        a = await ownership.assign(nc, nc.jetstream(), "vq1", "e1")
+        a = await ownership.assign(nc, "vq1", "e1")
         lease = await client.claim("vq1", a.version, cursor=0)  # claimed, applying nothing yet
         await lease.report_applied(0)  # and saying so: its credit stays UNAPPLIED items
         for _ in range(12):

@@ -94,7 +94,7 @@ async def test_a_sigkill_of_the_owner_mid_utterance_resumes_the_stream(nc, fence
     await eventually(lambda: _past(stream, 14), timeout_s=60, what="2 s of output")
     v1 = (await read_owner(nc.jetstream(), "pc3")).view.owner.version
     h1.signal(signal.SIGKILL)
-    await assign(nc, nc.jetstream(), "pc3", "h2", expect_version=v1)
+    await assign(nc, "pc3", "h2", expect_version=v1)
     await eventually(lambda: claimed_by(nc, "pc3", "h2"), what="h2's claim")
     down, _ = await asyncio.wait_for(running, 120)
     _, audio = media(down)

@@ -123,7 +123,7 @@ async def test_sigkill_of_the_owner_mid_utterance_loses_and_repeats_no_audio(nc,
         before = await collect(stream, lambda bs: played(bs).shape[0] >= 2 * 16000)  # past a checkpoint
         v1 = (await read_owner(nc.jetstream(), "voice2")).view.owner.version
         h1.signal(signal.SIGKILL)
-        await assign(nc, nc.jetstream(), "voice2", "h2", expect_version=v1)
+        await assign(nc, "voice2", "h2", expect_version=v1)
         await eventually(lambda: claimed_by(nc, "voice2", "h2"), what="h2's claim")
         await pushing
         seg = await stream.end_segment()

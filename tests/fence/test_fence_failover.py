@@ -35,7 +35,7 @@ async def test_killed_server_sessions_resume_on_replacement(fence, nats_server, 
     tokens = {sid: await register(nc, sid) for sid in SESSIONS}
     versions = {}
     for sid in SESSIONS:
-        versions[sid] = (await ownership.assign(nc, js, sid, "A")).version
+        versions[sid] = (await ownership.assign(nc, sid, "A")).version
         await a.adopt(sid, versions[sid])
 
     async def send(n: int) -> None:
@@ -52,7 +52,7 @@ async def test_killed_server_sessions_resume_on_replacement(fence, nats_server, 
         await wait_for_released(js, sid, 15)
         meta = await b.client.meta(sid)
         assert meta.checkpoint_cursor == 10
-        new = await ownership.assign(nc, js, sid, "B", expect_version=versions[sid])
+        new = await ownership.assign(nc, sid, "B", expect_version=versions[sid])
         lease = await b.adopt(sid, new.version)
         assert lease.cursor == 10
     await send(5)
@@ -78,7 +78,7 @@ async def test_nats_restart_loses_no_accepted_item(fence, nats_server, nc):
     js = nc.jetstream()
     eng = await engine(nc, "E")
     token = await register(nc, "n0")
-    a = await ownership.assign(nc, js, "n0", "E")
+    a = await ownership.assign(nc, "n0", "E")
     await eng.adopt("n0", a.version)
     acked: list[int] = []
     stop = asyncio.Event()
@@ -114,7 +114,7 @@ async def test_a_stopped_gateway_instance_loses_nothing(nats_server, nc, http):
     eng = await engine(nc, "E")
     tokens = {sid: await register(nc, sid) for sid in SESSIONS}
     for sid in SESSIONS:
-        await eng.adopt(sid, (await ownership.assign(nc, nc.jetstream(), sid, "E")).version)
+        await eng.adopt(sid, (await ownership.assign(nc, sid, "E")).version)
     for i in range(40):
         if i == 20:
             await fences[0].stop()
