@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from libs import bus, jetstream, names
+from libs.contracts import Guard, device_key
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry, ServiceEntry, SessionSummary
 from libs.schemas.placement import HostRecord
@@ -58,6 +59,23 @@ def host_states(engines: list[EngineEntry], records: list[HostRecord], now: floa
     return out
 
 
+def device_loads(engines: list[EngineEntry], limit: float = 1.0 - Guard().busy_fraction) -> list[dict]:
+    """One row per device (hosts sharing one split it, so their loads add up): the load admitted
+    (`busy_fraction`, what admission budgets) and the load its hosts measured themselves running
+    (`measured_fraction`), and whether the measured load is over admission's limit. An overload is
+    said here whatever the model's prices claim."""
+    groups: dict[str, list[EngineEntry]] = {}
+    for e in engines:
+        groups.setdefault(device_key(e), []).append(e)
+    rows = []
+    for key, hosts in sorted(groups.items()):
+        measured = sum(h.measured_fraction for h in hosts)
+        rows.append({"device": key, "hosts": sorted(h.host_id for h in hosts),
+                     "admitted": sum(h.busy_fraction for h in hosts), "measured": measured, "limit": limit,
+                     "over_capacity": measured > limit})
+    return rows
+
+
 def shown_state(s: SessionSummary, hosts: dict[str, tuple[str, str]]) -> str:
     """The summary's state, except that a session is never shown `serving` without a live owner process."""
     if s.state == "serving":
@@ -73,8 +91,11 @@ async def print_status(nats_url: str, *, as_json: bool = False, all_sessions: bo
     hosts = host_states(state["engines"], state["hosts"], now)
     for s in state["sessions"]:
         s.state = shown_state(s, hosts)
+    live = [e for e in state["engines"] if hosts.get(e.host_id, ("dead", ""))[0] != "dead"]
+    devices = device_loads(live)
     if as_json:
         state["hosts"] = [{"host_id": h, "state": st, "incarnation": inc} for h, (st, inc) in hosts.items()]
+        state["devices"] = devices
         print(json_out.dumps(state))
         return 0
     print(f"services ({len(state['services'])})")
@@ -89,6 +110,10 @@ async def print_status(nats_url: str, *, as_json: bool = False, all_sessions: bo
             line += (f" {e.device:<8} mem {e.free_memory_bytes / 2**30:6.1f}/{e.memory_bytes / 2**30:6.1f} GiB free"
                      f"  sessions {e.sessions}")
         print(line)
+    print(f"devices ({len(devices)})")
+    for d in devices:
+        print(f"  {d['device']:<40} hosts {','.join(d['hosts']):<20} load admitted {d['admitted']:.2f}"
+              f"  measured {d['measured']:.2f} / limit {d['limit']:.2f}" + ("  OVER CAPACITY" if d["over_capacity"] else ""))
     shown = [s for s in state["sessions"] if all_sessions or s.state != "closed"]
     hidden = len(state["sessions"]) - len(shown)
     print(f"sessions ({len(shown)}" + (f"; {hidden} closed not shown, --all lists them)" if hidden else ")"))
