@@ -66,7 +66,8 @@ class SocketGate:
         transport = request.transport  # taken first: aiohttp forgets it once it gives up on a close
         send = ws.send_str(data) if isinstance(data, str) else ws.send_bytes(data)
         try:
-            if transport is not None and _fits(transport, len(data)):
+            size = 4 * len(data) if isinstance(data, str) else len(data)  # UTF-8: at most 4 bytes a character
+            if transport is not None and _fits(transport, size):
                 await send  # lands in the transport's buffer below its high-water mark: cannot wait
             else:
                 # a timeout scope, not wait_for: on Python 3.11 wait_for runs the send as a task of its
