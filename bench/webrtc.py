@@ -208,7 +208,7 @@ def main() -> None:
     result = asyncio.run(run(args.quick))
     rows = [(f"{path}.{k}", result[path][k], "") for path in ("webrtc", "websocket") for k in KEYS]
     rows += [(f"webrtc.{k}", result["webrtc"].get(k), "") for k in STAGES]
-    rows += [(f"floor.{r}.{k}", result["floor"][r].get(k), "") for r in ("chromium", "aiortc") for k in KEYS[:3]]
+    rows += [(f"floor.{r}.{k}", result["floor"][r].get(k), "") for r in ("chromium", "aiortc") for k in KEYS[:4]]
     table(rows + [(f"target {k}", str(v), "") for k, v in result["targets"].items()])
     write(args.json, result)
 

@@ -8,7 +8,9 @@ fence's playout does) and a receiver on loopback:
   reference: p50 51.5 / p95 54.0 ms, inter-arrival 40.0 +- 2.6 ms).
 
 Per receiver: glass_to_glass_ms_p50/p95 (frame handed to the encoder to presented / decoded) and
-frame_interval_jitter_ms_p95 (|interval - 40 ms| of consecutive frames), as bench.webrtc computes them.
+frame_interval_jitter_ms_p95 (|interval - 40 ms| of consecutive frames), as bench.webrtc computes them;
+for Chromium also av_skew_ms_p95, sampled as bench.webrtc samples it (the sender's tone and frames share
+one clock, so what it shows is the skew aiortc's sender reports and Chromium plays with no engine or fence).
 RTP timestamps carry a random origin: a received frame is mapped to its sent frame by the first one received,
 the first sent (a key frame), as the session page maps frames to blocks.
 """
@@ -58,6 +60,15 @@ async def _at(start: float | None, offset_s: float) -> float:
     if start + offset_s > now:
         await asyncio.sleep(start + offset_s - now)
     return start
+
+
+PLAYOUT_JS = """async () => {
+    const out = {};
+    (await window.floor.pc.getStats()).forEach((s) => {
+        if (s.type === 'inbound-rtp' && s.estimatedPlayoutTimestamp) out[s.kind] = s.estimatedPlayoutTimestamp;
+    });
+    return out;
+}"""
 
 
 class PacedVideo(MediaStreamTrack):
@@ -140,10 +151,16 @@ async def chromium(browser, seconds: float) -> dict:
         pc, video, answer = await _sender(await page.evaluate(RECEIVER_JS))
         await page.evaluate("(sdp) => window.floor.pc.setRemoteDescription({type: 'answer', sdp})", answer)
         await page.wait_for_function("() => window.floor.frames.length >= 10", timeout=60_000)
-        since = time.time() * 1000
-        await asyncio.sleep(seconds)
+        since, skews = time.time() * 1000, []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:  # A/V skew as bench.webrtc samples it: the streams' estimated playout
+            await asyncio.sleep(0.25)
+            playout = await page.evaluate(PLAYOUT_JS)
+            if playout.get("audio") and playout.get("video"):
+                skews.append(abs(playout["audio"] - playout["video"]))
         shown = await page.evaluate("window.floor.frames")
-        return figures([(at, rtp) for at, rtp in shown], video.sent, since)
+        return {**figures([(at, rtp) for at, rtp in shown], video.sent, since),
+                "av_skew_ms_p95": percentile(skews, 95) if skews else None}
     finally:
         await ctx.close()
         if pc is not None:
