@@ -31,6 +31,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench import webrtc_floor
 from bench.common import parser, percentile, table, write
 from bench.stack import UpStack
 from libs import bus, names
@@ -40,19 +41,23 @@ from libs.schemas.engine import OutputChunk
 PERIOD_MS = 400.0  # the avatar's block: 10 frames at 25 fps
 KEYS = ("glass_to_glass_ms_p50", "glass_to_glass_ms_p95", "frame_interval_jitter_ms_p95", "av_skew_ms_p95",
         "bytes_per_s", "cpu_ms_per_frame")
+STAGES = ("stage_bus_to_fence_ms_p50", "stage_fence_playout_ms_p50", "stage_encoder_to_presented_ms_p50",
+          "jitter_buffer_video_ms", "jitter_buffer_audio_ms")
 SAMPLE_JS = """async () => {
     const p = window.sfPage, out = {wsBytes: p.wsBytes, audio: null, video: null, rtcBytes: 0};
     if (!p.rtc) return out;
+    out.buffer = {};
     (await p.rtc.pc.getStats()).forEach((s) => {
         if (s.type === 'transport') out.rtcBytes += s.bytesReceived || 0;
         if (s.type === 'inbound-rtp' && s.estimatedPlayoutTimestamp) out[s.kind] = s.estimatedPlayoutTimestamp;
+        if (s.type === 'inbound-rtp') out.buffer[s.kind] = [s.jitterBufferDelay || 0, s.jitterBufferEmittedCount || 0];
     });
     return out;
 }"""
 TIMING_JS = """() => {
     const p = window.sfPage, t = p.rtc ? p.rtc.timing : p.timing;
     return {shownAt: t.shownAt, frames: t.frames, skews: p.timing.skews, transport: p.transport,
-            unmatched: p.rtc ? p.rtc.timing.unmatched : 0};
+            unmatched: p.rtc ? p.rtc.timing.unmatched : 0, stamps: p.rtc ? p.rtc.timing.stamps : {}};
 }"""
 
 
@@ -93,12 +98,30 @@ async def view(browser, stack: UpStack, created: dict, transport: str, seconds: 
     if transport != "auto":
         skews = [abs(s) for s in timing["skews"]]
     key = "rtcBytes" if transport == "auto" else "wsBytes"
+    stages = breakdown(timing["stamps"], timing["shownAt"], published, wall0, first.get("buffer"), last.get("buffer"))
     return {"glass_to_glass_ms_p50": percentile(g2g, 50), "glass_to_glass_ms_p95": percentile(g2g, 95),
             "frame_interval_jitter_ms_p95": percentile(jitter, 95),
             "av_skew_ms_p95": percentile(skews, 95) if skews else None,
             "bytes_per_s": (last[key] - first[key]) / (t1 - t0),
             "cpu_ms_per_frame": (cpu1 - cpu0) * 1000 / max(1, len(frames)),
-            "blocks": len(g2g), "frames": len(frames), "unmatched_frames": timing["unmatched"]}
+            "blocks": len(g2g), "frames": len(frames), "unmatched_frames": timing["unmatched"], **stages}
+
+
+def breakdown(stamps: dict, shown: dict, published: dict[int, float], wall0: float, buf0, buf1) -> dict:
+    """Where a WebRTC block's glass-to-glass time goes (medians, ms): bus to fence (its frames whole there),
+    fence's playout (to its first frame handed to the encoder), encoder to presented; and each inbound
+    stream's mean jitter-buffer delay over the window (Chromium's getStats)."""
+    rows = [(published[int(b)], s[0], s[1], shown[b]) for b, s in stamps.items()
+            if b in shown and int(b) in published and shown[b] >= wall0 and s[0] > 0]
+    if not rows:
+        return {}
+    out = {"stage_bus_to_fence_ms_p50": statistics.median(r[1] - r[0] for r in rows),
+           "stage_fence_playout_ms_p50": statistics.median(r[2] - r[1] for r in rows),
+           "stage_encoder_to_presented_ms_p50": statistics.median(r[3] - r[2] for r in rows)}
+    for kind in ("video", "audio"):
+        if buf0 and buf1 and kind in buf0 and kind in buf1 and buf1[kind][1] > buf0[kind][1]:
+            out[f"jitter_buffer_{kind}_ms"] = (buf1[kind][0] - buf0[kind][0]) * 1000 / (buf1[kind][1] - buf0[kind][1])
+    return out
 
 
 async def run(quick: bool) -> dict:
@@ -118,6 +141,7 @@ async def run(quick: bool) -> dict:
                     "--autoplay-policy=no-user-gesture-required", "--mute-audio",
                     "--allow-loopback-in-peer-connection", "--disable-features=WebRtcHideLocalIpsWithMdns"])
                 per: dict[str, list[dict]] = {"webrtc": [], "websocket": []}
+                floor: dict[str, list[dict]] = {"chromium": [], "aiortc": []}
                 for r in range(rounds):
                     created = await create(http, stack)
                     published: dict[int, float] = {}
@@ -135,11 +159,15 @@ async def run(quick: bool) -> dict:
                         per["webrtc" if transport == "auto" else "websocket"].append(figures)
                         print(f"round {r} {transport}: {figures}", flush=True)
                     await sub.unsubscribe()
+                    floor["chromium"].append(await webrtc_floor.chromium(browser, seconds))
+                    floor["aiortc"].append(await webrtc_floor.aiortc_pair(seconds))
+                    print(f"round {r} floor: {floor['chromium'][-1]} {floor['aiortc'][-1]}", flush=True)
                 await browser.close()
             await nc.close()
         finally:
             stack.stop()
     result = {path: summary(rows) for path, rows in per.items()}
+    result["floor"] = {receiver: summary(rows) for receiver, rows in floor.items()}
     rtc, ws = result["webrtc"], result["websocket"]
     result["ratios"] = {"bytes_per_s_webrtc_over_websocket": rtc["bytes_per_s"] / ws["bytes_per_s"],
                         "glass_to_glass_p95_webrtc_over_websocket":
@@ -156,9 +184,10 @@ async def run(quick: bool) -> dict:
 
 def summary(rows: list[dict]) -> dict:
     out = {}
-    for k in (*KEYS, "blocks", "frames", "unmatched_frames"):
+    for k in (*KEYS, *STAGES, "blocks", "frames", "unmatched_frames"):
         values = [r[k] for r in rows if r.get(k) is not None and r[k] == r[k]]
-        out[k] = statistics.median(values) if values else None
+        if values or k in KEYS:
+            out[k] = statistics.median(values) if values else None
     out["rounds"] = rows
     out["failed_views"] = sum("failed" in r for r in rows)
     return out
@@ -178,6 +207,8 @@ def main() -> None:
     args = parser("webrtc", __doc__.splitlines()[0]).parse_args()
     result = asyncio.run(run(args.quick))
     rows = [(f"{path}.{k}", result[path][k], "") for path in ("webrtc", "websocket") for k in KEYS]
+    rows += [(f"webrtc.{k}", result["webrtc"].get(k), "") for k in STAGES]
+    rows += [(f"floor.{r}.{k}", result["floor"][r].get(k), "") for r in ("chromium", "aiortc") for k in KEYS[:4]]
     table(rows + [(f"target {k}", str(v), "") for k, v in result["targets"].items()])
     write(args.json, result)
 

@@ -1,16 +1,20 @@
 """One viewer's playout: blocks placed on a wall-clock timeline, played by a video and an audio track.
 
 Block k starts at `W_k = max(end of block k-1, now + PLAYOUT_DELAY_S)`: back to back while the
-engine keeps real time, at once (a gap, not a backlog) when it falls behind. Its frames are handed to
+engine keeps real time, at once (a gap, not a backlog) when it falls behind. Back to back alone would
+keep, for the rest of the connection, the worst lateness any block ever had: blocks come on the host's
+even grid, so after one came late by d every later one waits d behind the media queued before it. So
+a block is never queued more than MAX_AHEAD_S behind the earliest it could start: the queued media's
+tail beyond that is cut (frames and audio, on the frame grid, counted in `cut_frames`), the browser's
+jitter buffer, not this one, absorbs the network's jitter. Its frames are handed to
 the encoder at `W_k + i * media_s / frames`, its audio samples from the sample at `W_k`; both tracks'
 timestamps count from one origin, so audio and video of a block leave together (and the browser,
 from the RTCP sender reports, plays them together). The audio track runs without a pause: 20 ms
 frames of the block's samples, or of silence where there are none.
 
 A change of owner is no event here: the new owner's blocks are the next blocks on the same
-timeline, on the same tracks, with no renegotiation. A timeline more than one block plus MAX_AHEAD_S
-ahead (blocks that came in a burst, or an engine faster than real time) starts again at now, dropping
-what waited: latency does not build up (the WebSocket page allows 2 s of it).
+timeline, on the same tracks, with no renegotiation. Blocks that come in a burst (an engine faster
+than real time) cut each other likewise: latency does not build up (the WebSocket page allows 2 s).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ VIDEO_CLOCK = 90_000
 AUDIO_RATE = 16_000
 AUDIO_FRAME = AUDIO_RATE // 50  # 20 ms
 PLAYOUT_DELAY_S = 0.02  # room for the audio of a block, which completes just after its frames
-MAX_AHEAD_S = 0.06  # backlog allowed beyond one block: more is latency a live call should not keep
+MAX_AHEAD_S = 0.06  # queued media a new block may wait behind: more is latency a live call should not keep
 LATE_DROP_S = 0.25  # a frame the encoder could not take within this of its time is skipped, not shown late
 
 
@@ -57,13 +61,13 @@ class Playout:
         self.on_block_start = on_block_start
         self.origin: float | None = None  # wall time of pts 0 (both tracks)
         self.end = 0.0  # wall time the last placed block ends
-        self.starts: dict[int, float] = {}  # block → its W_k, for audio that completes after its frames
+        self.starts: dict[int, list[float]] = {}  # block → [W_k, its end or where it was cut], for its audio
         self.frames: collections.deque[_Frame] = collections.deque()
         self.audio: collections.deque[tuple[int, np.ndarray]] = collections.deque()  # (first sample, samples)
         self.late_frames = 0
         self.first_pts: int | None = None  # the first frame handed to the encoder (its RTP timestamp's origin)
-        self.restarts = 0
-        self.skipped_blocks = 0  # blocks dropped whole, unannounced, when a backlog was cut
+        self.cut_frames = 0  # frames not played because the media queued before a new block was cut
+        self.skipped_blocks = 0  # blocks of those cut whole (never announced)
         self.wake = asyncio.Event()
         self.closed = False
 
@@ -72,18 +76,16 @@ class Playout:
         if self.origin is None:
             self.origin = now + PLAYOUT_DELAY_S
         if media.kind == "frames":
-            start = max(self.end, now + PLAYOUT_DELAY_S)
-            if start - now > media.media_s + MAX_AHEAD_S:  # a backlog: drop what waits, play this block now
-                self.skipped_blocks += len({f.block for f in self.frames if f.starts is not None})
-                self.frames.clear()
-                self.audio.clear()
-                self.restarts += 1
-                start = now + PLAYOUT_DELAY_S
+            earliest = now + PLAYOUT_DELAY_S
+            start = max(self.end, earliest)
+            if start - earliest > MAX_AHEAD_S:  # cut at the first queued frame due past the allowance
+                start = next((f.at for f in self.frames if f.at >= earliest + MAX_AHEAD_S), self.end)
+                self._cut(start)
             assert media.frames is not None
             n = media.frames.shape[0]
             step = media.media_s / n if media.media_s > 0 and n else 1 / 25
             self.end = start + n * step
-            self.starts[media.block] = start
+            self.starts[media.block] = [start, self.end]
             for b in [b for b in self.starts if b < media.block - 4]:
                 del self.starts[b]
             for i in range(n):
@@ -97,9 +99,27 @@ class Playout:
                 n = round(samples.size * AUDIO_RATE / media.sample_rate)
                 samples = np.interp(np.linspace(0, samples.size - 1, n), np.arange(samples.size),
                                     samples).astype(np.int16)
-            first = round((self.starts[media.block] - self.origin) * AUDIO_RATE)
+            start, until = self.starts[media.block]
+            first = round((start - self.origin) * AUDIO_RATE)
+            samples = samples[:max(0, round((until - self.origin) * AUDIO_RATE) - first)]  # none past a cut
             self.audio.append((first, samples))
         self.wake.set()
+
+    def _cut(self, at: float) -> None:
+        """Drop the queued media due from `at` on: frames, the audio of earlier blocks, blocks that start there."""
+        kept = collections.deque(f for f in self.frames if f.at < at)
+        self.cut_frames += len(self.frames) - len(kept)
+        self.skipped_blocks += sum(f.starts is not None for f in self.frames if f.at >= at)
+        self.frames = kept
+        for block, span in list(self.starts.items()):
+            if span[0] >= at:
+                del self.starts[block]  # its audio, still to come, is not played either
+            else:
+                span[1] = min(span[1], at)
+        limit = round((at - self.origin) * AUDIO_RATE) if self.origin is not None else 0
+        self.audio = collections.deque((first, samples[:max(0, limit - first)])
+                                       for first, samples in self.audio if first < limit)
+        self.end = at
 
     async def next_frame(self) -> _Frame:
         """The next frame, at its time; frames whose time passed by LATE_DROP_S are skipped."""

@@ -10,12 +10,13 @@ Data-channel messages from here (JSON text):
     {"hello": {"peer_id", "session_id"}}                     once it opens
     {"owner": {"server_id", "version", "claimed", "closed"}}  on open and on every change
     {"block": {"index", "owner": [server_id, version], "input_seq", "media_s", "frames", "pts",
-               "step_pts", "arrived_at", "sent_at", "replays_dropped", "skipped_blocks"}}
+               "step_pts", "arrived_at", "sent_at", "replays_dropped", "skipped_blocks", "cut_frames"}}
         when the block's first frame goes to the encoder; `pts` is its first frame's video timestamp
         (90 kHz, from this connection's origin), `first_pts` that of the first frame this connection sent
         (null until one was: a viewer maps RTP timestamps to these by it), `arrived_at` / `sent_at` wall-clock seconds
         (time.time()) when its frames were whole here and when its first frame was sent;
-        `skipped_blocks` counts blocks dropped whole to cut a backlog (rtc_media.py)
+        `cut_frames` counts frames not played to keep latency from building up, `skipped_blocks` the blocks
+        of those cut whole (rtc_media.py)
     {"ack": ...}                                             answers to input (rtc_input.py)
 """
 
@@ -153,7 +154,8 @@ class Peer:
             "media_s": media.media_s, "frames": n, "pts": pts, "first_pts": self.playout.first_pts,
             "step_pts": round(media.media_s / n * VIDEO_CLOCK) if n and media.media_s > 0 else 0,
             "arrived_at": self._arrived.pop(media.block, 0.0), "sent_at": time.time(),
-            "replays_dropped": self.blocks.replays_dropped, "skipped_blocks": self.playout.skipped_blocks}}))
+            "replays_dropped": self.blocks.replays_dropped, "skipped_blocks": self.playout.skipped_blocks,
+            "cut_frames": self.playout.cut_frames}}))
         for b in [b for b in self._arrived if b <= media.block]:
             del self._arrived[b]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import aiohttp
 import pytest
 import pytest_asyncio
 
 from tests.browser.conftest import ADMIN_TOKEN, session_page_in
+from tests.webrtc.conftest import live_move
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 WAIT_MS = 30_000
@@ -83,11 +83,8 @@ async def test_a_live_move_keeps_the_peer_connection(stack, rtc_page):
         "[window.sfPage.session.session_id, window.sfPage.owner.server_id, window.sfPage.rtc.peerId]")
     other = next(h.host_id for h in stack.hosts if h.host_id != owner)
     before = await page.evaluate("window.sfPage.blocksShown")
-    async with aiohttp.ClientSession() as http, http.post(
-            f"{stack.origin}/v1/admin/sessions/{sid}/move", json={"to": other},
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
-        assert r.status == 200 and (await r.json())["outcome"] == "committed"
-    await page.wait_for_function(f"() => window.sfPage.owner.server_id === '{other}' && window.sfPage.owner.version === 2 "
+    await live_move(stack, sid, other)
+    await page.wait_for_function(f"() => window.sfPage.owner.server_id === '{other}' && window.sfPage.owner.version > 1 "
                                  "&& window.sfPage.owner.claimed", timeout=WAIT_MS)
     await page.wait_for_function(f"() => window.sfPage.blocksShown >= {before + 4}", timeout=WAIT_MS)
     state = await page.evaluate("""() => ({peer: window.sfPage.rtc.peerId, state: window.sfPage.rtc.pc.connectionState,

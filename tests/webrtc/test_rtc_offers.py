@@ -17,7 +17,7 @@ from libs import rtc_ice
 from libs.rtc_viewer import RtcViewer, offer
 from tests.hardening.test_net_limits import refused
 from tests.support.waiting import eventually
-from tests.webrtc.conftest import create_session, rtc_url
+from tests.webrtc.conftest import rtc_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -32,8 +32,8 @@ async def real_offer(data_channel: bool = True) -> tuple[RTCPeerConnection, str]
     return pc, pc.localDescription.sdp
 
 
-async def test_hostile_offers_are_refused_and_change_nothing(stack):
-    created = await create_session(stack)
+async def test_hostile_offers_are_refused_and_change_nothing(stack, sessions):
+    created = await sessions()
     url, token = rtc_url(created), created["input_token"]
     watcher = RtcViewer(url, token, audio=False)
     await watcher.connect()
@@ -69,8 +69,8 @@ async def test_hostile_offers_are_refused_and_change_nothing(stack):
     await eventually(lambda: not stack.fence.rtc.peers)
 
 
-async def test_viewers_per_session_and_per_server_are_bounded(stack):
-    created = await create_session(stack)
+async def test_viewers_per_session_and_per_server_are_bounded(stack, sessions):
+    created = await sessions()
     url, token = rtc_url(created), created["input_token"]
     rtc = stack.fence.rtc
     limits = rtc.limits
@@ -81,7 +81,7 @@ async def test_viewers_per_session_and_per_server_are_bounded(stack):
         pc, sdp = await real_offer()
         status, body = await offer(url, token, sdp)
         assert status == 429 and body["max_peers_per_session"] == 1
-        other_session = await create_session(stack)
+        other_session = await sessions()
         other = RtcViewer(rtc_url(other_session), other_session["input_token"], audio=False)
         await other.connect()
         status, body = await offer(rtc_url(other_session), other_session["input_token"], sdp)
@@ -96,8 +96,8 @@ async def test_viewers_per_session_and_per_server_are_bounded(stack):
     await eventually(lambda: not rtc.peers)
 
 
-async def test_a_viewer_that_never_completes_negotiation_is_dropped(stack):
-    created = await create_session(stack)
+async def test_a_viewer_that_never_completes_negotiation_is_dropped(stack, sessions):
+    created = await sessions()
     rtc = stack.fence.rtc
     limits = rtc.limits
     rtc.limits = dataclasses.replace(limits, negotiation_timeout_s=1.0)
@@ -126,10 +126,10 @@ asyncio.run(main())
 """
 
 
-async def test_a_viewer_that_stops_reading_is_dropped_and_counted(stack):
+async def test_a_viewer_that_stops_reading_is_dropped_and_counted(stack, sessions):
     """A viewer process frozen (SIGSTOP) acknowledges nothing: what fence sends it piles up unsent, and past
     max_buffered_bytes the peer is closed as a slow reader (counted), while a viewer that reads goes on."""
-    created = await create_session(stack)
+    created = await sessions()
     url, token = rtc_url(created), created["input_token"]
     rtc = stack.fence.rtc
     limits = rtc.limits

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import msgspec
 import pytest
 
 from libs.rtc_viewer import RtcViewer
 from services.fence.ingress import WS_WINDOW
-from tests.browser.conftest import ADMIN_TOKEN
 from tests.support.waiting import eventually
-from tests.webrtc.conftest import create_session, rtc_url
+from tests.webrtc.conftest import live_move, rtc_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-async def test_a_viewer_receives_moving_video_audio_and_block_events(stack):
-    created = await create_session(stack)
+async def test_a_viewer_receives_moving_video_audio_and_block_events(stack, sessions):
+    created = await sessions()
     viewer = RtcViewer(rtc_url(created), created["input_token"])
     await viewer.connect()
     try:
@@ -32,8 +30,8 @@ async def test_a_viewer_receives_moving_video_audio_and_block_events(stack):
         await viewer.close()
 
 
-async def test_input_over_the_data_channel_is_checked_stored_and_answered_in_order(stack):
-    created = await create_session(stack)
+async def test_input_over_the_data_channel_is_checked_stored_and_answered_in_order(stack, sessions):
+    created = await sessions()
     viewer = RtcViewer(rtc_url(created), created["input_token"], audio=False)
     await viewer.connect()
     try:
@@ -54,8 +52,8 @@ async def test_input_over_the_data_channel_is_checked_stored_and_answered_in_ord
         await viewer.close()
 
 
-async def test_a_live_move_keeps_the_connection_and_plays_every_block_once(stack):
-    created = await create_session(stack)
+async def test_a_live_move_keeps_the_connection_and_plays_every_block_once(stack, sessions):
+    created = await sessions()
     sid = created["session_id"]
     viewer = RtcViewer(rtc_url(created), created["input_token"])
     await viewer.connect()
@@ -63,12 +61,10 @@ async def test_a_live_move_keeps_the_connection_and_plays_every_block_once(stack
         await viewer.wait_for(lambda: len(viewer.blocks) >= 2 and viewer.owners)
         owner = viewer.owners[-1]["server_id"]
         other = next(h.host_id for h in stack.hosts if h.host_id != owner)
-        async with aiohttp.ClientSession() as http, http.post(
-                f"{stack.origin}/v1/admin/sessions/{sid}/move", json={"to": other},
-                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
-            receipt = await r.json()
-            assert r.status == 200 and receipt["outcome"] == "committed", receipt
-        await viewer.wait_for(lambda: any(b["owner"] == [other, 2] for b in viewer.blocks[-1:]))
+        await live_move(stack, sid, other)
+        await viewer.wait_for(lambda: any(b["owner"] and b["owner"][0] == other for b in viewer.blocks[-1:]))
+        version = viewer.blocks[-1]["owner"][1]
+        assert version > 1
         moved_at = len(viewer.blocks)
         await viewer.wait_for(lambda: len(viewer.blocks) >= moved_at + 2)
         indices = [b["index"] for b in viewer.blocks]
@@ -76,7 +72,7 @@ async def test_a_live_move_keeps_the_connection_and_plays_every_block_once(stack
         missing = indices[-1] - indices[0] + 1 - len(indices)
         assert missing == viewer.blocks[-1]["skipped_blocks"] - viewer.blocks[0]["skipped_blocks"], \
             f"a block not shown is one cut from a backlog, and counted: {indices}"
-        assert [(o["server_id"], o["version"]) for o in viewer.owners if o["claimed"]][-1] == (other, 2)
+        assert [(o["server_id"], o["version"]) for o in viewer.owners if o["claimed"]][-1] == (other, version)
         assert viewer.pc.connectionState == "connected" and len(stack.fence.rtc.peers) == 1, \
             "one peer connection throughout"
         assert viewer.blocks[-1]["replays_dropped"] == 0
@@ -85,10 +81,10 @@ async def test_a_live_move_keeps_the_connection_and_plays_every_block_once(stack
     await eventually(lambda: not stack.fence.rtc.peers)
 
 
-async def test_at_most_a_window_of_items_is_unanswered_and_one_beyond_it_is_refused_unstored(stack, monkeypatch):
+async def test_at_most_a_window_of_items_is_unanswered_and_one_beyond_it_is_refused_unstored(stack, sessions, monkeypatch):
     """The data channel's input window (WS_WINDOW, as on the socket): with every store's answer held,
     the first WS_WINDOW items are taken for storing and the rest answered 429 in their turn, never stored."""
-    created = await create_session(stack)
+    created = await sessions()
     viewer = RtcViewer(rtc_url(created), created["input_token"], audio=False)
     await viewer.connect()
     appender = stack.fence.ingress.appender

@@ -98,7 +98,7 @@ function opened(pc, channel, timeoutMs) {
 // announced belongs to no announced block: it is counted as unmatched, not guessed.
 sfRtc.timing = function () {
   const t = { firstRtp: null, offset: null, byPts: new Map(), shownAt: {}, frames: [], waiting: [], unmatched: 0,
-              presented: 0 };
+              presented: 0, stamps: {} }; // stamps: block → [arrived at fence, first frame sent] (wall ms)
   const match = (f) => {
     if (t.offset === null) return false;
     const pts = (f.rtp - t.offset) >>> 0;
@@ -110,6 +110,8 @@ sfRtc.timing = function () {
     return true;
   };
   t.block = (b) => {
+    t.stamps[b.index] = [b.arrived_at * 1000, b.sent_at * 1000];
+    delete t.stamps[b.index - 400];
     for (let i = 0; i < b.frames; i++) t.byPts.set(b.pts + i * b.step_pts, { block: b.index, i });
     while (t.byPts.size > 4000) t.byPts.delete(t.byPts.keys().next().value);
     if (t.offset === null && t.firstRtp !== null && b.first_pts !== null) t.offset = t.firstRtp - b.first_pts;
