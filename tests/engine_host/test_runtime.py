@@ -16,6 +16,7 @@ from libs.schemas.common import InputItem
 from libs.schemas.engine import OpenSession, OutputChunk, SessionDescriptor, SessionInfo
 from services.engine_host.output import assemble
 from services.engine_host.runtime import EngineRuntime
+from services.engine_host.session import MAX_PENDING_INPUTS
 
 
 class Outputs:
@@ -283,11 +284,11 @@ async def test_session_and_input_limits():
         await rt.open(OpenSession(session_id="a", backend="world", seed=1))
         with pytest.raises(Busy):
             await rt.open(OpenSession(session_id="b", backend="world", seed=1))
-        for seq in range(1, 257):
+        for seq in range(1, MAX_PENDING_INPUTS + 1):
             await rt.apply_input(action("a", seq))
         with pytest.raises(Busy):
-            await rt.apply_input(action("a", 257))
-        assert rt.info("a").input_cursor == 256
+            await rt.apply_input(action("a", MAX_PENDING_INPUTS + 1))
+        assert rt.info("a").input_cursor == MAX_PENDING_INPUTS
     finally:
         await rt.stop()
 
