@@ -13,6 +13,7 @@ from libs.errors import BadRequest, ConfigError
 from libs.schemas.common import InputItem
 from libs.schemas.engine import SessionInit
 from services.engine_host.backends import weights as weights_mod
+from services.engine_host.backends.action_history import advance_windows
 from services.engine_host.backends.base import Output, block_generator
 from services.engine_host.backends.inputs import Action, parse_action
 from services.engine_host.backends.spec import TensorSpec
@@ -161,17 +162,8 @@ class WanCausalBackend:
         a = self.arch
         if not a.action_blocks:
             return None
-        hist, n = state["actions"], 4 * a.frames_per_block
-        if inputs:
-            rows = torch.stack([torch.cat([x.keys, x.mouse]) for x in inputs]).to(self.device)
-            new = rows[torch.arange(n, device=self.device) * len(inputs) // n]
-        else:
-            new = hist[-1:].expand(n, -1)
-        if state["block"] == 0:  # before the session, upstream repeats its first action
-            hist.copy_(new[:1].expand_as(hist))
-        seq = torch.cat([hist, new])  # video frames 4·f0 − 4·window ... 4·(f0 + F)
-        windows = torch.stack([seq[4 * j: 4 * j + a.action_frames] for j in range(a.frames_per_block)])
-        hist.copy_(seq[-a.action_frames:])
+        windows = advance_windows(state["actions"], inputs, latent_frames=a.frames_per_block, video_per_latent=4,
+                                  first=state["block"] == 0)
         return windows[..., a.keyboard_dim:].contiguous(), windows[..., : a.keyboard_dim].contiguous()
 
     def denoise(self, state: dict, carry, steps: int) -> torch.Tensor:
