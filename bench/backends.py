@@ -18,7 +18,8 @@ interleaved, so the rebuild's cost reads in decoded blocks.
 `wan_causal` (an opt-in backend: a host serves it only when configured) is measured at its tiny
 random-weight config (`WAN_BENCH_CONFIG`), and `wan_causal_real_scale` gives, for the published
 Self-Forcing, LongLive and Matrix-Game-2 shapes in bf16, every per-session leaf's bytes by role from
-the spec alone (nothing allocated), beside Worldline's Matrix-Game-2 measurement (`WORLDLINE_MG2`).
+the spec alone (nothing allocated), beside Worldline's Matrix-Game-2 measurement (`WORLDLINE_MG2`);
+`dit_real_scale` gives the same for the reference `dit` at Matrix-Game-2's shape.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from libs.schemas.motion import (
 from services.engine_host.backends import Registry, advance, make_backend
 from services.engine_host.backends import spec as specs
 from services.engine_host.backends.dit import DitConfig, decoder
+from services.engine_host.backends.dit import state_spec as dit_state_spec
 from services.engine_host.backends.wan_causal import WanCausalConfig, layout
 from services.engine_host.profile import chunk_crcs, dirty_bytes
 from services.engine_host.runtime import EngineRuntime
@@ -72,7 +74,11 @@ WORLDLINE_MG2 = {"kv_resident_bytes": 5.32e9, "movable_bytes": 1.67e9, "movable_
 
 def real_scale(preset: str) -> dict:
     """Leaves, bytes and roles of one session at a published shape, from the spec alone."""
-    spec = layout.state_spec(WanCausalConfig(preset=preset, dtype="bfloat16", random_weights=True))
+    return spec_bytes(layout.state_spec(WanCausalConfig(preset=preset, dtype="bfloat16", random_weights=True)))
+
+
+def spec_bytes(spec: dict) -> dict:
+    """A spec's leaves, bytes by group and by role (nothing allocated)."""
     tensors = [(p, t) for p, t in specs.leaves(spec) if isinstance(t, specs.TensorSpec)]
     groups: dict[str, int] = {}
     for p, t in tensors:
@@ -233,6 +239,8 @@ async def main_async(quick: bool) -> dict:
         result["backends"][name] = measure_backend(name, registry, blocks)
     result["wan_causal_real_scale"] = {p: real_scale(p) for p in ("self_forcing", "longlive", "matrix_game_2")}
     result["wan_causal_real_scale"]["worldline_matrix_game_2"] = WORLDLINE_MG2
+    # the reference dit at Matrix-Game-2's published shape (its simplified blocks, the same state layout)
+    result["dit_real_scale"] = {"matrix_game_2": spec_bytes(dit_state_spec(DitConfig.matrix_game_2()))}
     reps = 3 if quick else 7
     rebuild_ms, full_replay_ms, decode_ms = time_rebuild(reps)
     server = NatsServer(store_dir=Path(tempfile.mkdtemp()) / "nats").start()
@@ -272,6 +280,10 @@ def main() -> None:
             rows.append((f"wan_causal {preset} (bf16) moved / rebuildable / static GB",
                          f"{r['state_bytes_moved'] / 1e9:.3f} / {r['state_bytes_rebuildable'] / 1e9:.3f} / "
                          f"{r['state_bytes_static'] / 1e9:.3f}", f"{r['leaves']} leaves, spec only"))
+    for preset, r in result["dit_real_scale"].items():
+        rows.append((f"dit {preset} (bf16) moved / rebuildable / static GB",
+                     f"{r['state_bytes_moved'] / 1e9:.3f} / {r['state_bytes_rebuildable'] / 1e9:.3f} / "
+                     f"{r['state_bytes_static'] / 1e9:.3f}", f"{r['leaves']} leaves, spec only"))
     dit = result["backends"]["dit"]
     rows.append(("dit move ms saved by rebuild", dit["move_ms_saved_by_rebuild"],
                  "TCP loopback; negative: the replay costs more than the bytes it saves here"))

@@ -11,10 +11,9 @@ from libs.checkpoint import tree_bytes
 from libs.checkpoint.tree import tensors as tree_tensors
 from libs.motion import crc
 from libs.schemas.common import ProfileRow
-from libs.schemas.engine import SessionInit
 from services.engine_host.backends import Backend
 from services.engine_host.backends import spec as specs
-from services.engine_host.backends.base import init_kinds, max_init_bytes
+from services.engine_host.backends.base import init_kinds, max_init_bytes, scratch_state
 
 DIRTY_CHUNK_BYTES = 1 << 20  # the mover's default chunk: what a pre-copy round resends is counted in these
 
@@ -29,7 +28,7 @@ def _sync(backend: Backend) -> None:
 def measure(backend: Backend, *, blocks: int = 5, warmup: int = 2) -> list[ProfileRow]:
     """Run `warmup + blocks` blocks per tier on a scratch session; the medians become the rows.
     Blocking (it runs the model): call it from a thread."""
-    state = backend.init_state(0, SessionInit(prompt="profile"))
+    state = scratch_state(backend)  # needs no user's prompt or image
     spec = backend.state_spec()
     moved = specs.select(state, spec)
     rows = []

@@ -20,9 +20,11 @@ from services.engine_host.backends.base import advance, forward_passes
 from services.engine_host.backends.dit import DitConfig, DitWorldBackend, state_spec
 from services.engine_host.host_endpoint import complete
 
-# Matrix-Game-2 per session, as read from its inference code (issue 15): self-attention KV over the
-# 6-frame window, mouse KV, cross-attention cache, VAE decoder feature cache (the keyboard KV is < 1 MB).
-PUBLISHED_MG2_BYTES = 0.97e9 + 0.65e9 + 0.047e9 + 1.07e9
+# Matrix-Game-2 per session, as read from its inference code (`wan/modules/causal_model.py`,
+# `action_module.py`, `configs/distilled_model/universal/config.json`; issues 15 and 25):
+# self-attention KV over the 6-frame window in 30 blocks, mouse KV in the 15 action blocks only,
+# cross-attention cache, VAE decoder feature cache (the keyboard KV and action history are < 1 MB).
+PUBLISHED_MG2_BYTES = 0.973e9 + 0.324e9 + 0.047e9 + 1.07e9
 
 
 def act(keys, mouse=(0, 0), seq=1) -> InputItem:
@@ -32,9 +34,10 @@ def act(keys, mouse=(0, 0), seq=1) -> InputItem:
 ROAD = SessionInit(prompt="a road")
 
 
-def run(b: DitWorldBackend, blocks: int, tier: int, seed: int = 5, state=None, init: SessionInit = ROAD):
+def run(b: DitWorldBackend, blocks: int, tier: int, seed: int = 5, state=None, init: SessionInit = ROAD,
+        inputs: bool = True):
     state = b.init_state(seed, init) if state is None else state
-    inputs = [[b.parse_input(act(["w"], (30, -4)))], [], [b.parse_input(act(["a", "shift"]))]]
+    inputs = [[b.parse_input(act(["w"], (30, -4)))], [], [b.parse_input(act(["a", "shift"]))]] if inputs else [[]] * 3
     return state, [advance(b, state, inputs[i % 3], tier) for i in range(blocks)]
 
 
@@ -44,6 +47,15 @@ def test_matrix_game_2_size_is_within_5_percent_of_the_published_figure_without_
     total = specs.tensor_bytes(spec)
     assert abs(total - PUBLISHED_MG2_BYTES) / PUBLISHED_MG2_BYTES < 0.05
     assert len(spec["layers"]) == 30 and cfg.tokens == 880
+    # the action module's caches exist in blocks 0-14 only, beside a small action-history leaf
+    assert [("mouse_k" in layer) for layer in spec["layers"]] == [True] * 15 + [False] * 15
+    assert specs.tensor_bytes(spec["layers"][0]) - specs.tensor_bytes(spec["layers"][29]) == pytest.approx(
+        2 * 6 * 880 * 1024 * 2, rel=0.01)
+    assert spec["actions"].shape == (12, 8)  # 4 × windows_size video frames of keys and mouse
+    assert specs.tensor_bytes(spec, "moved") == pytest.approx(1.31e9, rel=0.01)
+    assert sum(1 for _, t in specs.leaves(spec) if isinstance(t, specs.TensorSpec) and t.role == "moved") == 122
+    # 36 input channels: 16 noise + 4 mask + 16 image latent
+    assert cfg.latent_channels + cfg.cond_channels == 36 and spec["image_cond"].role == "static"
     assert specs.tensor_bytes(spec, "rebuildable") > 1.0e9  # the decoder's feature cache is not sent
     assert specs.tensor_bytes(spec, "static") == pytest.approx(0.047e9, rel=0.02)
 
@@ -134,3 +146,31 @@ def test_config_errors_are_typed():
         DitWorldBackend(DitConfig(vae_convs=(1, 2)))
     with pytest.raises(msgspec.ValidationError):
         msgspec.msgpack.decode(msgspec.msgpack.encode({"kv_dtype": "int8"}), type=DitConfig)
+
+
+def test_each_frame_reads_the_action_window_before_it_and_the_history_carries_over():
+    """Matrix-Game-2's action history: 4 × 3 video frames per latent frame's window, the block's
+    inputs in equal shares over its video frames, the first action repeated before the session."""
+    from services.engine_host.backends.action_history import advance_windows
+
+    b = DitWorldBackend()
+    A, B = (b.parse_input(act(k, m)) for k, m in ((["w"], (100, 0)), (["a"], (0, -50))))
+    row = {x: torch.cat([v.keys, v.mouse]) for x, v in (("A", A), ("B", B))}
+    hist = torch.full((12, 8), 9.0)
+    windows = advance_windows(hist, [A, B], latent_frames=3, video_per_latent=4, first=True)
+    want_seq = [row["A"]] * 12 + [row["A"]] * 6 + [row["B"]] * 6
+    assert windows.shape == (3, 12, 8)
+    for j in range(3):
+        assert torch.equal(windows[j], torch.stack(want_seq[4 * j: 4 * j + 12]))
+    assert torch.equal(hist, torch.stack(want_seq[-12:]))
+    windows = advance_windows(hist, [], latent_frames=3, video_per_latent=4, first=False)  # B holds
+    assert torch.equal(windows[2], torch.stack(want_seq[-4:] + [row["B"]] * 8))
+    assert torch.equal(hist, torch.stack([row["B"]] * 12))
+
+
+def test_a_config_without_action_layers_takes_no_actions_and_has_no_action_leaves():
+    b = DitWorldBackend(DitConfig(action_layers=0, cond_channels=0))
+    assert b.input_kinds == frozenset() and "actions" not in b.state_spec() and "image_cond" not in b.state_spec()
+    assert not any("mouse_k" in layer for layer in b.state_spec()["layers"])
+    _, outs = run(b, 2, 1, inputs=False)
+    assert outs[1].frames.shape[0] == 12

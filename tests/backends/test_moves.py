@@ -39,7 +39,7 @@ from services.engine_host.runtime import EngineRuntime
 SEED = 9
 # The default small model with a rolling window long enough that the session's moved state is
 # 512 MiB; attention reads only the filled slots, so a block stays cheap on 2 cores.
-BIG = DitConfig(window_frames=110_400)
+BIG = DitConfig(window_frames=135_400)
 
 
 class Frames:

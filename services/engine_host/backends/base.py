@@ -39,8 +39,8 @@ class Backend(Protocol):
     """Built as `cls(config, device)` from its msgpack `config_type`, once per (name, config) on a
     host and shared by every session of that config. Optional hooks (see the helpers below):
     `rebuild(state)` (required when the spec has `rebuildable` leaves), `forward_passes(tier)`,
-    `block_media_s(block)`; optional attributes `init_kinds` and `max_init_bytes` (see `init_kinds`),
-    `client_paced` (see `paced_output`)."""
+    `block_media_s(block)`, `profile_state(seed)` (see `scratch_state`); optional attributes
+    `init_kinds` and `max_init_bytes` (see `init_kinds`), `client_paced` (see `paced_output`)."""
 
     name: ClassVar[str]
     config_type: ClassVar[type]
@@ -115,6 +115,16 @@ def paced_output(backend: Backend) -> bool:
     transport plays the audio at real time and shows each frame with its audio, so a hold on the
     sending side would only add up to a period to the agent's audio-to-face latency."""
     return not getattr(backend, "client_paced", False)
+
+
+def scratch_state(backend: Backend, seed: int = 0) -> dict:
+    """A session state the start-up profile times blocks on, from no user input: the backend's
+    `profile_state(seed)` where it has one (a backend whose init needs a user's data, such as a
+    table of precomputed prompt embeddings or an init image, builds stand-ins of the real shapes
+    there, since what a block costs depends on shapes, not on what a prompt says), else
+    `init_state` from a placeholder prompt."""
+    hook = getattr(backend, "profile_state", None)
+    return hook(seed) if hook is not None else backend.init_state(seed, SessionInit(prompt="profile"))
 
 
 def forward_passes(backend: Backend, tier: int) -> int:

@@ -14,9 +14,11 @@ from libs.errors import BadRequest
 from libs.schemas.common import InputItem
 from libs.schemas.engine import SessionInit
 from services.engine_host.backends import weights as weights_mod
+from services.engine_host.backends.action_history import advance_windows
 from services.engine_host.backends.base import WEIGHT_SEED, Output, block_generator
 from services.engine_host.backends.dit import blocks, decoder, ring
-from services.engine_host.backends.dit.config import CONV_T, KEYS, DitConfig, schedule
+from services.engine_host.backends.dit.config import CONV_T, KEYS, DitConfig
+from services.engine_host.backends.flow_schedule import schedule
 from services.engine_host.backends.inputs import Action, parse_action
 from services.engine_host.backends.spec import TensorSpec
 
@@ -24,11 +26,14 @@ from services.engine_host.backends.spec import TensorSpec
 def state_spec(c: DitConfig) -> dict:
     """The state layout of a config, computed without weights or state (the published-size check)."""
     kv = getattr(torch, c.kv_dtype)
-    return {
-        "layers": [ring.layer_spec(c, kv) for _ in range(c.layers)],
+    spec: dict = {"layers": [ring.layer_spec(c, kv, i < c.action_layers) for i in range(c.layers)]}
+    if c.action_layers:  # the action history each frame's window is cut from
+        spec["actions"] = TensorSpec(torch.float32, (c.action_frames, len(KEYS) + 2))
+    if c.cond_channels:  # the init image's conditioning, concatenated to the session's first frame
+        spec["image_cond"] = TensorSpec(torch.float32, (c.cond_channels, c.latent_h, c.latent_w), "static")
+    return spec | {
         "latents": TensorSpec(torch.float32, (c.history_frames, c.latent_channels, c.latent_h, c.latent_w)),
         "vae": decoder.cache_spec(c, kv, c.vae_cache_role),
-        "action": TensorSpec(torch.float32, (len(KEYS) + 2,)),
         "seed": int,
         "block": int,
     }
@@ -37,17 +42,22 @@ def state_spec(c: DitConfig) -> dict:
 class DitWorldBackend:
     name: ClassVar[str] = "dit"
     config_type: ClassVar[type] = DitConfig
-    input_kinds = frozenset({"action"})
     init_kinds = frozenset({"prompt", "image"})  # the image, when given, sets the cross-attention context
     batchable = False  # every session attends its own cache; blocks run one session at a time
 
     def __init__(self, config: DitConfig | None = None, device: torch.device | str = "cpu") -> None:
         c = self.config = config or DitConfig()
-        if (c.dim % c.heads or c.mouse_dim % c.mouse_heads or c.latent_h % c.patch or c.latent_w % c.patch
+        head_dim = c.dim // c.heads if c.heads > 0 else 0
+        if (c.dim % c.heads or head_dim < 6 or head_dim % 2 or c.mouse_dim % c.mouse_heads
+                or c.latent_h % c.patch or c.latent_w % c.patch
                 or len(c.vae_channels) != len(c.vae_convs) or any(n % 2 for n in c.vae_convs)
-                or c.frames_per_block < CONV_T - 1 or c.window_frames < c.frames_per_block or not c.step_list):
-            raise BadRequest("dit config: dim/heads, patch/latent, vae levels (pairs of convs), block ≥ 2 frames "
-                             "and window ≥ block must agree", config=str(c))
+                or c.frames_per_block < CONV_T - 1 or c.window_frames < c.frames_per_block or not c.step_list
+                or not 0 <= c.action_layers <= c.layers or c.action_window < 1
+                or c.cond_channels not in (0, 4 + c.latent_channels)):
+            raise BadRequest("dit config: dim/heads (an even head dim ≥ 6, for the 3-axis RoPE), patch/latent, "
+                             "vae levels (pairs of convs), block ≥ 2 frames, window ≥ block, action layers "
+                             "within the layers and cond_channels 0 or 4 + latent_channels must agree", config=str(c))
+        self.input_kinds = frozenset({"action"}) if c.action_layers else frozenset()
         self.device = torch.device(device)
         self.tiers = tuple(range(1, len(c.step_list) + 1))
         self.media_s_per_block = c.frames_per_block * c.temporal_up / c.fps
@@ -74,9 +84,14 @@ class DitWorldBackend:
         g = torch.Generator().manual_seed(WEIGHT_SEED + 2)
         out = {}
         for name, (_, shape) in shapes.items():
+            if name.endswith("_norm"):  # RMSNorm weights start at one
+                out[name] = torch.ones(shape, device=self.device)
+                continue
             fan_in = shape[0] if len(shape) == 2 else math.prod(shape[1:])
-            if name == "pos" or name.startswith("ctx_"):
+            if name.startswith("ctx_"):
                 fan_in = 1
+            if name.endswith("mod"):  # adaLN tables, as Wan initialises them: randn / sqrt(dim)
+                fan_in = shape[-1]
             scale = fan_in ** -0.5 * (0.1 if name.endswith((".o", "_o", "mlp2", "out", "t2")) else 1.0)
             out[name] = (torch.randn(shape, generator=g) * scale).to(self.device)
         return out
@@ -90,32 +105,52 @@ class DitWorldBackend:
         return self._spec
 
     def init_state(self, seed: int, init: SessionInit) -> dict:
-        """Caches start empty (a ring fills as frames are written); the cross-attention cache is a
-        pure function of the init image or prompt (role `static`)."""
+        """Caches start empty (a ring fills as frames are written); the cross-attention cache and
+        the image conditioning are pure functions of the init image or prompt (role `static`)."""
         ctx = self._context(init)
 
         def zeros(spec: TensorSpec) -> torch.Tensor:
             return torch.zeros(spec.shape, dtype=spec.dtype, device=self.device)
 
+        spec = self._spec
         layers = []
-        for i, spec in enumerate(self._spec["layers"]):
-            layer = {k: zeros(s) for k, s in spec.items() if k not in ("cross_k", "cross_v")}
-            layer["cross_k"] = (ctx @ self.w[f"layers.{i}.cross_k"]).to(self.kv_dtype)
-            layer["cross_v"] = (ctx @ self.w[f"layers.{i}.cross_v"]).to(self.kv_dtype)
+        for i, lspec in enumerate(spec["layers"]):
+            layer = {k: zeros(s) for k, s in lspec.items() if k not in ("cross_k", "cross_v")}
+            ck, cv = blocks.cross_cache(self.w, i, ctx)
+            layer["cross_k"], layer["cross_v"] = ck.to(self.kv_dtype), cv.to(self.kv_dtype)
             layers.append(layer)
-        return {"layers": layers, "latents": zeros(self._spec["latents"]), "vae": [zeros(s) for s in self._spec["vae"]],
-                "action": torch.zeros(len(KEYS) + 2, device=self.device), "seed": seed, "block": 0}
+        state: dict = {"layers": layers}
+        if "actions" in spec:
+            state["actions"] = zeros(spec["actions"])
+        if "image_cond" in spec:
+            state["image_cond"] = self._image_cond(init)
+        return state | {"latents": zeros(spec["latents"]), "vae": [zeros(s) for s in spec["vae"]], "seed": seed,
+                        "block": 0}
+
+    def _image_cond(self, init: SessionInit) -> torch.Tensor:
+        """[4 + C, h, w]: a mask (ones: the first frame is given) and the init image pooled to the
+        latent grid and projected to latent channels (upstream: its VAE latent); zeros without an image."""
+        c = self.config
+        if init.image is None:
+            return torch.zeros(c.cond_channels, c.latent_h, c.latent_w, device=self.device)
+        img = F.adaptive_avg_pool2d(self._pixels(init)[None], (c.latent_h, c.latent_w))[0]  # [3, h, w]
+        z = torch.einsum("chw,cd->dhw", img * 2 - 1, self.w["cond_img"])
+        return torch.cat([torch.ones(4, c.latent_h, c.latent_w, device=self.device), z]).contiguous()
+
+    def _pixels(self, init: SessionInit) -> torch.Tensor:
+        """The init image [3, H, W] in [0, 1]."""
+        im = init.image
+        assert im is not None
+        if im.width <= 0 or im.height <= 0 or len(im.rgb) != im.width * im.height * 3:
+            raise BadRequest("init image needs width·height·3 bytes of RGB", width=im.width, height=im.height)
+        img = torch.frombuffer(bytearray(im.rgb), dtype=torch.uint8).reshape(im.height, im.width, 3)
+        return img.permute(2, 0, 1).float().div(255).to(self.device)
 
     def _context(self, init: SessionInit) -> torch.Tensor:
         """[context_tokens, dim]: the init image pooled to a grid of tokens, else the prompt's bytes."""
         c, dev = self.config, self.device
         if init.image is not None:
-            im = init.image
-            if im.width <= 0 or im.height <= 0 or len(im.rgb) != im.width * im.height * 3:
-                raise BadRequest("init image needs width·height·3 bytes of RGB", width=im.width, height=im.height)
-            img = torch.frombuffer(bytearray(im.rgb), dtype=torch.uint8).reshape(im.height, im.width, 3)
-            img = img.permute(2, 0, 1).float().div(255).to(dev)[None]
-            grid = F.adaptive_avg_pool2d(img, (4, c.context_tokens))[0]  # [3, 4, C]
+            grid = F.adaptive_avg_pool2d(self._pixels(init)[None], (4, c.context_tokens))[0]  # [3, 4, C]
             return blocks.rms(grid.reshape(12, c.context_tokens).T @ self.w["ctx_img"])
         raw = init.prompt.encode()
         if not raw:
@@ -144,33 +179,42 @@ class DitWorldBackend:
 
     # ------------------------------------------------------------ stages
 
-    def encode(self, state: dict, inputs: list[Action]) -> torch.Tensor:
-        """Owns `action`: the block's last action holds for its frames and sticks until the next."""
-        if inputs:
-            state["action"].copy_(torch.cat([inputs[-1].keys, inputs[-1].mouse]).to(self.device))
-        return state["action"].clone()
+    def encode(self, state: dict, inputs: list[Action]) -> torch.Tensor | None:
+        """Owns `actions`: the block's video frames take its inputs in equal shares (none: the last
+        action holds); each latent frame's window is cut from the history and them."""
+        c = self.config
+        if not c.action_layers:
+            return None
+        return advance_windows(state["actions"], inputs, latent_frames=c.frames_per_block,
+                               video_per_latent=c.temporal_up, first=state["block"] == 0)
 
-    def denoise(self, state: dict, carry: torch.Tensor, steps: int) -> torch.Tensor:
+    def denoise(self, state: dict, carry: torch.Tensor | None, steps: int) -> torch.Tensor:
         return self.denoise_batch([state], [carry], steps)[0]
 
-    def denoise_batch(self, states: list[dict], carries: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
+    def denoise_batch(self, states: list[dict], carries: list, steps: int) -> list[torch.Tensor]:
         """Owns `layers` and `block`: few-step denoising, then the clean pass that writes the caches."""
         return [self._denoise_one(s, a, steps) for s, a in zip(states, carries, strict=True)]
 
-    def _denoise_one(self, state: dict, action: torch.Tensor, steps: int) -> torch.Tensor:
+    def _denoise_one(self, state: dict, windows: torch.Tensor | None, steps: int) -> torch.Tensor:
+        """The shifted few-step schedule with re-noising between steps (x0 = x − σ·v, then
+        x = (1 − σ')·x0 + σ'·ε), then the clean pass at t = 0 writing the caches."""
         c = self.config
         g = block_generator(state["seed"], state["block"], device=self.device)
         shape = (c.frames_per_block, c.latent_channels, c.latent_h, c.latent_w)
         x = torch.randn(shape, generator=g, device=self.device)
-        ts = schedule(c.step_list, steps)
+        cond = None
+        if "image_cond" in state:  # the image on the session's first frame, zeros after (as upstream)
+            cond = torch.zeros(c.frames_per_block, *state["image_cond"].shape, device=self.device)
+            if state["block"] == 0:
+                cond[0] = state["image_cond"]
+        sigmas = schedule(c.step_list, steps, c.timestep_shift)
         x0 = x
-        for i, t in enumerate(ts):
-            sigma = t / 1000.0
-            x0 = x - sigma * blocks.forward(c, self.w, state, x, sigma, action, self.kv_dtype)
-            if i + 1 < len(ts):
-                nxt = ts[i + 1] / 1000.0
+        for i, sigma in enumerate(sigmas):
+            x0 = x - sigma * blocks.forward(c, self.w, state, x, sigma, cond, windows, self.kv_dtype)
+            if i + 1 < len(sigmas):
+                nxt = sigmas[i + 1]
                 x = (1 - nxt) * x0 + nxt * torch.randn(shape, generator=g, device=self.device)
-        blocks.forward(c, self.w, state, x0, 0.0, action, self.kv_dtype)  # the clean pass: caches hold clean frames
+        blocks.forward(c, self.w, state, x0, 0.0, cond, windows, self.kv_dtype)  # the clean pass: caches hold clean frames
         state["block"] += 1
         return x0
 

@@ -15,18 +15,18 @@ from services.engine_host.backends.dit.config import DitConfig
 from services.engine_host.backends.spec import TensorSpec
 
 
-def layer_spec(c: DitConfig, kv: torch.dtype) -> dict[str, TensorSpec]:
-    """One layer's caches: self-attention, the mouse module's per-token temporal cache and the
-    keyboard module's per-frame cache over the ring's slots, and the `static` cross-attention
-    cache of the init image or prompt (regenerated from the init inputs, never sent)."""
+def layer_spec(c: DitConfig, kv: torch.dtype, actions: bool) -> dict[str, TensorSpec]:
+    """One layer's caches: self-attention over the ring's slots; in a layer with the action module
+    (`actions`: Matrix-Game-2's blocks 0-14) the mouse module's per-token temporal cache and the
+    keyboard module's per-frame cache over the same slots; and the `static` cross-attention cache
+    of the init image or prompt (regenerated from the init inputs, never sent)."""
     S, T = c.slots, c.tokens
-    return {
-        "k": TensorSpec(kv, (S, T, c.dim)), "v": TensorSpec(kv, (S, T, c.dim)),
-        "mouse_k": TensorSpec(kv, (S, T, c.mouse_dim)), "mouse_v": TensorSpec(kv, (S, T, c.mouse_dim)),
-        "kbd_k": TensorSpec(kv, (S, c.keyboard_dim)), "kbd_v": TensorSpec(kv, (S, c.keyboard_dim)),
-        "cross_k": TensorSpec(kv, (c.context_tokens, c.dim), "static"),
-        "cross_v": TensorSpec(kv, (c.context_tokens, c.dim), "static"),
-    }
+    spec = {"k": TensorSpec(kv, (S, T, c.dim)), "v": TensorSpec(kv, (S, T, c.dim))}
+    if actions:
+        spec |= {"mouse_k": TensorSpec(kv, (S, T, c.mouse_dim)), "mouse_v": TensorSpec(kv, (S, T, c.mouse_dim)),
+                 "kbd_k": TensorSpec(kv, (S, c.keyboard_dim)), "kbd_v": TensorSpec(kv, (S, c.keyboard_dim))}
+    return spec | {"cross_k": TensorSpec(kv, (c.context_tokens, c.dim), "static"),
+                   "cross_v": TensorSpec(kv, (c.context_tokens, c.dim), "static")}
 
 
 def slots(c: DitConfig, f0: int, device: torch.device) -> tuple[torch.Tensor, int]:

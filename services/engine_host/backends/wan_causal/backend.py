@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 from libs.errors import BadRequest, ConfigError
 from libs.schemas.common import InputItem
-from libs.schemas.engine import SessionInit
+from libs.schemas.engine import RawImage, SessionInit
 from services.engine_host.backends import weights as weights_mod
+from services.engine_host.backends.action_history import advance_windows
 from services.engine_host.backends.base import Output, block_generator
 from services.engine_host.backends.inputs import Action, parse_action
 from services.engine_host.backends.spec import TensorSpec
@@ -89,11 +90,35 @@ class WanCausalBackend:
     def init_state(self, seed: int, init: SessionInit) -> dict:
         """Every leaf zero (a ring fills as frames are written) but the static ones: the
         cross-attention cache of the prompt or image, and Matrix-Game-2's image latent."""
+        a = self.arch
+        if a.image_dim:
+            if init.image is None:
+                raise BadRequest("this wan_causal config starts from an image (image to video)")
+            emb = self.embedder.embed("image", init.image.rgb)
+        else:
+            emb = self.embedder.embed("text", init.prompt.encode())
+        return self._state(seed, emb, init)
+
+    @torch.no_grad()
+    def profile_state(self, seed: int) -> dict:
+        """The start-up profile's scratch session, from no user input. What a block costs depends on
+        the shapes of its inputs, not on what a prompt says: the cross-attention cache is always
+        `context_tokens` long (an embedding is padded to it), so a seeded stand-in embedding of that
+        full shape times as a real one does. A user's precomputed embeddings need not hold any
+        particular prompt, and an image-to-video config, which has no image at start-up, gets a
+        stand-in image at the model's resolution (grey) for its image latent."""
+        a = self.arch
+        emb = torch.randn(a.context_tokens, a.image_dim or a.text_dim, generator=torch.Generator().manual_seed(seed))
+        w, h = a.latent_w * 8, a.latent_h * 8
+        image = RawImage(width=w, height=h, rgb=bytes([128]) * (w * h * 3)) if a.image_dim else None
+        return self._state(seed, emb, SessionInit(image=image))
+
+    def _state(self, seed: int, emb: torch.Tensor, init: SessionInit) -> dict:
         def zeros(spec: TensorSpec) -> torch.Tensor:
             return torch.zeros(spec.shape, dtype=spec.dtype, device=self.device)
 
         spec = self._spec
-        context = self._context(init)
+        context = self._context(emb)
         layers = []
         for blk, lspec in zip(self.m.transformer.blocks, spec["layers"], strict=True):
             ck, cv = (t.to(self.dtype).contiguous() for t in cross_cache(blk.attn2, context))
@@ -107,16 +132,10 @@ class WanCausalBackend:
         state |= {"latents": zeros(spec["latents"]), "vae": [zeros(s) for s in spec["vae"]], "seed": seed, "block": 0}
         return state
 
-    def _context(self, init: SessionInit) -> torch.Tensor:
+    def _context(self, emb: torch.Tensor) -> torch.Tensor:
+        """The embedding checked, padded to `context_tokens` with zeros (as upstream) and projected."""
         a, ce = self.arch, self.m.transformer.condition_embedder
-        if a.image_dim:
-            if init.image is None:
-                raise BadRequest("this wan_causal config starts from an image (image to video)")
-            emb = self.embedder.embed("image", init.image.rgb)
-            proj = ce.image_embedder
-        else:
-            emb = self.embedder.embed("text", init.prompt.encode())
-            proj = ce.text_embedder
+        proj = ce.image_embedder if a.image_dim else ce.text_embedder
         if emb.ndim != 2 or emb.shape[0] > a.context_tokens or emb.shape[1] != (a.image_dim or a.text_dim):
             raise BadRequest(f"embedding is {list(emb.shape)}, the model takes ≤ {a.context_tokens} tokens of "
                              f"{a.image_dim or a.text_dim}")
@@ -161,17 +180,8 @@ class WanCausalBackend:
         a = self.arch
         if not a.action_blocks:
             return None
-        hist, n = state["actions"], 4 * a.frames_per_block
-        if inputs:
-            rows = torch.stack([torch.cat([x.keys, x.mouse]) for x in inputs]).to(self.device)
-            new = rows[torch.arange(n, device=self.device) * len(inputs) // n]
-        else:
-            new = hist[-1:].expand(n, -1)
-        if state["block"] == 0:  # before the session, upstream repeats its first action
-            hist.copy_(new[:1].expand_as(hist))
-        seq = torch.cat([hist, new])  # video frames 4·f0 − 4·window ... 4·(f0 + F)
-        windows = torch.stack([seq[4 * j: 4 * j + a.action_frames] for j in range(a.frames_per_block)])
-        hist.copy_(seq[-a.action_frames:])
+        windows = advance_windows(state["actions"], inputs, latent_frames=a.frames_per_block, video_per_latent=4,
+                                  first=state["block"] == 0)
         return windows[..., a.keyboard_dim:].contiguous(), windows[..., : a.keyboard_dim].contiguous()
 
     def denoise(self, state: dict, carry, steps: int) -> torch.Tensor:

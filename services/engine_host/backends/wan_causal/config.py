@@ -25,6 +25,10 @@ from typing import Literal
 
 import msgspec
 
+from services.engine_host.backends.flow_schedule import schedule, shifted_sigma
+
+__all__ = ["KEYS", "PRESETS", "Arch", "WanCausalConfig", "schedule", "shifted_sigma"]
+
 KEYS = ("w", "s", "a", "d")  # Matrix-Game-2 universal's keyboard: forward, back, left, right
 
 
@@ -130,16 +134,3 @@ class WanCausalConfig(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def a(self) -> Arch:
         return self.arch if self.arch is not None else PRESETS[self.preset]
-
-
-def shifted_sigma(t: float, shift: float) -> float:
-    """σ of trained timestep t under the flow-matching shift (Self-Forcing's `warp_denoising_step`):
-    the scheduler's σ = shift·s / (1 + (shift − 1)·s) at s = t / 1000."""
-    s = t / 1000.0
-    return shift * s / (1 + (shift - 1) * s)
-
-
-def schedule(step_list: tuple[int, ...], n: int, shift: float) -> list[float]:
-    """σ of the n steps of tier n: the trained list evenly subsampled, always from the first (pure
-    noise), each warped by the shift (1000/750/500/250 at shift 5 → σ 1, 0.9375, 0.833, 0.625)."""
-    return [shifted_sigma(step_list[(i * len(step_list)) // n], shift) for i in range(n)]

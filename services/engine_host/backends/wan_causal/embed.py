@@ -3,8 +3,9 @@
 - `FileEmbeddings` (default): precomputed embeddings in a local safetensors file, sha256-checked,
   keyed `text/<sha256 of the prompt's UTF-8>` ([tokens ≤ 512, 4096] for UMT5-XXL) and
   `image/<sha256 of the RGB bytes>` ([257, 1280] for CLIP ViT-H/14); `embedding_key` names them.
-- `Umt5Embedder`: a UMT5 encoder run locally through `transformers` from `embedder_dir` (never a
-  download: `local_files_only`), as Wan's own text encoder: 512 tokens, the padding cut off.
+- `Umt5Embedder`: a UMT5 encoder and its tokenizer run locally through `transformers` from
+  `embedder_dir` (never a download: `local_files_only`), as Wan's own text encoder: the prompt
+  padded to the model's context tokens (512), the padding cut off again.
 - `RandomEmbeddings`: a fixed function of the key, for benchmarks and tests (named so in the config).
 A session whose prompt or image has no embedding is refused with a typed error at open.
 """
@@ -59,21 +60,25 @@ class RandomEmbeddings:
 
 
 class Umt5Embedder:
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, max_tokens: int) -> None:
         try:
             from transformers import AutoTokenizer, UMT5EncoderModel
         except ImportError:
-            raise ConfigError("wan_causal: embedder 'umt5' needs the transformers package") from None
+            raise ConfigError("wan_causal: embedder 'umt5' needs transformers: pip install 'statefleet[wan]'") from None
         if not directory:
             raise ConfigError("wan_causal: embedder 'umt5' needs embedder_dir (a local UMT5 encoder)")
-        self.tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-        self.model = UMT5EncoderModel.from_pretrained(directory, local_files_only=True).eval()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+            self.model = UMT5EncoderModel.from_pretrained(directory, local_files_only=True).eval()
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"wan_causal: no UMT5 encoder and tokenizer in {directory}: {e}", path=directory) from None
+        self.max_tokens = max_tokens
 
     @torch.no_grad()
     def embed(self, kind: str, data: bytes) -> torch.Tensor:
         if kind != "text":
             raise BadRequest("the UMT5 embedder embeds prompts, not images")
-        ids = self.tokenizer([data.decode()], padding="max_length", max_length=512, truncation=True,
+        ids = self.tokenizer([data.decode()], padding="max_length", max_length=self.max_tokens, truncation=True,
                              add_special_tokens=True, return_tensors="pt")
         out = self.model(input_ids=ids.input_ids, attention_mask=ids.attention_mask).last_hidden_state[0]
         return out[: int(ids.attention_mask.sum())].float()
@@ -85,5 +90,5 @@ def make(c: WanCausalConfig) -> Embedder:
         return RandomEmbeddings({"text": (a.context_tokens, max(a.text_dim, 1)), "image": (a.context_tokens,
                                                                                        max(a.image_dim, 1))})
     if c.embedder == "umt5":
-        return Umt5Embedder(c.embedder_dir)
+        return Umt5Embedder(c.embedder_dir, a.context_tokens)
     return FileEmbeddings(c.embeddings_path, c.embeddings_sha256)
