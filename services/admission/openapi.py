@@ -35,8 +35,12 @@ def _body(typ: type, description: str, media: str = "application/json") -> dict[
 
 
 def _problems(*statuses: int) -> dict[str, Any]:
-    return {str(s): _body(Problem, "the failure, naming the field", "application/problem+json")
-            for s in sorted({*statuses, *_SHED})}
+    out = {str(s): _body(Problem, "the failure, naming the field", "application/problem+json")
+           for s in sorted({*statuses, *_SHED, 400})}
+    # A request head that does not parse (a malformed header line) is answered by aiohttp's HTTP parser
+    # before any route or middleware sees it: a 400 in plain text, so every route documents that too.
+    out["400"]["content"]["text/plain"] = {"schema": {"type": "string"}}
+    return out
 
 
 _SESSION_ID = {"name": "session_id", "in": "path", "required": True,
