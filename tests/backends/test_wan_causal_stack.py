@@ -88,7 +88,7 @@ async def create(stack: Stack) -> str:
     await bus.request(stack.nc, names.FENCE_REGISTER, req, RegisterReply)
     placement = await bus.request(stack.nc, names.PLACEMENT_PLACE, PlaceRequest(
         session_id=SID, backend="wan_causal", contract=CONTRACT), Placement)
-    await assign(stack.nc, stack.js, SID, placement.host_id, incarnation=placement.incarnation)
+    await assign(stack.nc, SID, placement.host_id, incarnation=placement.incarnation)
     await eventually(lambda: stack.claimed_by(SID, placement.host_id), 60)
     return placement.host_id
 
