@@ -19,10 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs import bus, names
+from libs.errors import StatefleetError
 from libs.natsd import free_port
 from libs.procs import die_with_parent
 from libs.schemas.common import Ping, Pong
+from libs.schemas.placement import HostList, HostsRequest
 from statefleet import admin_token
+
+# Consecutive answers from placement that list every engine host up before a stack counts as ready.
+PLACEMENT_AGREES = 6
 
 
 def children_of(pid: int) -> dict[int, list[str]]:
@@ -91,7 +96,7 @@ class UpStack:
         return (self.data_dir / "nats.url").read_text().strip()
 
     async def ready(self, timeout_s: float = 180.0) -> None:
-        """Every service and engine host answers ping and every engine host heartbeats."""
+        """Every service and engine host answers ping, and placement sees every engine host up."""
         deadline = time.monotonic() + timeout_s
         url_file = self.data_dir / "nats.url"
         while not (url_file.exists() and url_file.read_text().strip()):
@@ -113,15 +118,22 @@ class UpStack:
                         await bus.request(nc, subject, Ping(), Pong, timeout_s=1.0)
                         pending.discard(subject)
                 await asyncio.sleep(0.25)
-            kv = await nc.jetstream().key_value(names.ENGINES_BUCKET)
-            while True:
-                with contextlib.suppress(Exception):
-                    if set(self.host_ids) <= set(await kv.keys()):
-                        return
+            # Ready means placement can place on every host: each placement instance learns of a host from
+            # its own watch of the heartbeats, so a heartbeat in the bucket is not yet a host placement
+            # sees. Answers come from either instance (a queue group): several in a row, all listing every
+            # host up, leave an unasked instance's watch behind by less than the run of asks took.
+            in_a_row = 0
+            while in_a_row < PLACEMENT_AGREES:
                 self._alive()
                 if time.monotonic() > deadline:
-                    raise TimeoutError("engine hosts never heartbeated")
-                await asyncio.sleep(0.25)
+                    raise TimeoutError("placement does not see every engine host up")
+                try:
+                    listed = await bus.request(nc, names.PLACEMENT_HOSTS, HostsRequest(), HostList, timeout_s=2.0)
+                    up = {h.host_id for h in listed.hosts if h.state == "up"}
+                except StatefleetError:
+                    up = set()
+                in_a_row = in_a_row + 1 if set(self.host_ids) <= up else 0
+                await asyncio.sleep(0.1 if in_a_row else 0.25)
         finally:
             await nc.close()
 

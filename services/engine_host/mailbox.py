@@ -35,7 +35,12 @@ class Mailbox(Generic[P, M]):
     Stage threads block on it (`put`, `wait` + `take`); the event loop awaits it (`put_async` on the
     source edge, `get_async` at the sink) and is woken only when the edge it waits on changes, so a
     work crosses the stage threads without a round trip through the loop per stage. The lock is held
-    only for a few deque operations, never across a wait, so the loop never blocks on it for longer."""
+    only for a few deque operations, never across a wait, so the loop never blocks on it for longer.
+
+    Writers on the loop that wait for room get it in arrival order: one that finds room while others
+    already wait queues behind them instead of barging in. Each session has at most one submit waiting
+    (`StagePipeline.submit`), so arrival order is a round over the sessions, however the loop happens
+    to schedule the producers: a session submitting a burst cannot take the room freed for another."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -43,7 +48,8 @@ class Mailbox(Generic[P, M]):
         self.controls: deque[Control] = deque()
         self.size = 0
         self._cond = threading.Condition()
-        self._parked: list[asyncio.Future[None]] = []  # event-loop readers/writers waiting for a change
+        self._parked: list[asyncio.Future[None]] = []  # event-loop readers waiting for a change
+        self._writers: deque[_Turn] = deque()  # event-loop writers waiting for room, in arrival order
 
     def put(self, work: Work[P, M]) -> None:
         with self._cond:
@@ -71,13 +77,27 @@ class Mailbox(Generic[P, M]):
             return not self._has_msg()
 
     async def put_async(self, work: Work[P, M]) -> None:
-        while True:
+        with self._cond:
+            if self._has_room() and not self._writers:
+                self._append(work)
+                return
+            turn = _Turn(asyncio.get_running_loop().create_future())
+            self._writers.append(turn)
+        try:
+            while True:
+                await turn.fut
+                with self._cond:
+                    if self._writers[0] is turn and self._has_room():
+                        self._writers.popleft()
+                        self._append(work)  # wakes the next writer if room is left
+                        return
+                    turn.fut = asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:  # the work never entered; the next writer may take the room
             with self._cond:
-                if self._has_room():
-                    self._append(work)
-                    return
-                parked = self._park()
-            await parked  # cancelled here, the work never entered
+                if turn in self._writers:
+                    self._writers.remove(turn)
+                self._changed()
+            raise
 
     async def get_work(self) -> Work[P, M]:
         """The next work, on the event loop (the sink's edge, which carries no controls)."""
@@ -134,6 +154,16 @@ class Mailbox(Generic[P, M]):
         for fut in self._parked:
             fut.get_loop().call_soon_threadsafe(_wake, fut)
         self._parked.clear()
+        if self._writers and self._has_room():
+            head = self._writers[0].fut
+            head.get_loop().call_soon_threadsafe(_wake, head)
+
+
+@dataclass(eq=False)
+class _Turn:
+    """A writer's place in line; `fut` is replaced each time it is woken without getting in."""
+
+    fut: asyncio.Future[None]
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
