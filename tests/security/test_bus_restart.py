@@ -60,6 +60,7 @@ async def _post_until_acked(http, url: str, token: str, text: str, timeout_s: fl
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(480)  # a loaded machine: the stack's start-up alone may take minutes
 def test_statefleet_up_restarts_a_killed_nats_and_the_session_carries_on(tmp_path):
     data_dir = tmp_path / "var"
     admission_port, fence_port = free_port(), free_port()
@@ -85,17 +86,26 @@ async def _scenario(data_dir, admission_port: int) -> None:
     outputs: list[OutputChunk] = []
     try:
         async with aiohttp.ClientSession() as http:
+            headers = {"Authorization": f"Bearer {admin_token.read(data_dir)}"}  # `up` generated it
+            base = f"http://127.0.0.1:{admission_port}/v1/sessions"
+
             async def create():
                 # C1 without period_ms: admission takes the backend's media per block (400 ms for avatar)
                 body = {"contract": {"session_class": "C1", "quality_floor": 1,
                                      "determinism": "T1"}, "backend": "avatar", "seed": 3}
-                headers = {"Authorization": f"Bearer {admin_token.read(data_dir)}"}  # `up` generated it
-                async with http.post(f"http://127.0.0.1:{admission_port}/v1/sessions", json=body,
-                                     headers=headers) as r:
-                    return await r.json() if r.status in (200, 201) else None
+                async with http.post(base, json=body, headers=headers) as r:
+                    return await r.json() if r.status in (201, 202) else None
 
-            created = await _wait(create, 60, "session created")
+            # Once: a session queued while the engine host still profiles itself is placed when it is up.
+            created = await _wait(create, 180, "session created")
             sid, token, url = created["session_id"], created["input_token"], created["input_url"]
+
+            async def placed():
+                async with http.get(f"{base}/{sid}", headers=headers) as r:
+                    view = await r.json()
+                    return view if view.get("state") == "placed" else None
+
+            host_id = (await _wait(placed, 180, "session placed"))["host_id"]
 
             async def on_output(m) -> None:
                 outputs.append(decode(m.data, OutputChunk))
@@ -111,7 +121,7 @@ async def _scenario(data_dir, admission_port: int) -> None:
             assert acked == list(range(1, ITEMS_TOTAL + 1))  # each acknowledged once, in order
 
             async def applied_all():  # the owner's own word on what its state reflects
-                info = await bus.request(nc, names.engine_subject(created["host_id"], "info"),
+                info = await bus.request(nc, names.engine_subject(host_id, "info"),
                                          SessionRef(session_id=sid), SessionInfo)
                 return info.input_cursor == ITEMS_TOTAL
 
