@@ -9,9 +9,9 @@ import time
 from libs.contracts import Guard
 from services.placement.policy import StopHost
 from services.placement.provisioning.sim import SimProvisioner
-from tests.failover.conftest import eventually
 from tests.fence.invariants import check_log, read_log
 from tests.fleet.conftest import configure
+from tests.support.waiting import eventually
 
 ONE_EACH = Guard(max_sessions=1)
 
