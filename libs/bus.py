@@ -262,12 +262,6 @@ async def publish(nc: NATS, subject: str, data: bytes) -> None:
         await nc.publish(subject, data)
 
 
-async def kv_put(kv: KeyValue, key: str, value: bytes) -> int:
-    """Write `value` whatever the key holds; its revision. A bus failure is `Unavailable`."""
-    with unavailable(f"kv {key} not written"):
-        return await kv.put(key, value)
-
-
 async def watch(kv: KeyValue) -> KeyValue.KeyWatcher:
     """A watcher of every key (its history first, then None, then updates). A bus failure is `Unavailable`."""
     with unavailable("kv watch not opened"):
