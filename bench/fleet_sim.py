@@ -35,10 +35,10 @@ from services.placement.policy import (
     Params,
     PathRates,
     Place,
-    Release,
     Resume,
     ScaleOut,
     Session,
+    StopHost,
     Suspend,
 )
 from services.placement.policy import latency as lat
@@ -354,7 +354,7 @@ class Sim:
         dst.incoming[a.session_id] = Demand(busy_fraction=a.busy_fraction, state_bytes=a.state_bytes)
         rate = PATHS.rate(self._host_view(src), self._host_view(dst)) / len(dst.incoming)
         p, sp = self.params, s.spec
-        v = admissibility.evaluate(admissibility.Move(
+        v = admissibility.evaluate(admissibility.Transfer(
             state_bytes=sp.state_bytes, dirty_rate_bps=0.0 if frozen else sp.dirty_rate_bps,
             horizon_s=p.move_horizon_s, bandwidth_bps=rate, setup_s=p.move_setup_s))
         if frozen:
@@ -393,7 +393,7 @@ class Sim:
         self.last_in = self.now
         self.hosts[a.host_id].state = "draining"
 
-    def _do_release(self, a: Release) -> None:
+    def _do_stophost(self, a: StopHost) -> None:
         h = self.hosts[a.host_id]
         owned = h.resident | h.suspended | set(h.incoming)
         for sid in sorted(owned):  # a policy bug, never expected: counted, not hidden

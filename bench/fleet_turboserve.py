@@ -34,13 +34,13 @@ from services.placement.policy import (
     Params,
     Place,
     Refusal,
-    Release,
     Resume,
     ScaleOut,
+    StopHost,
     Suspend,
 )
 from services.placement.policy import latency as lat
-from services.placement.policy.autoscale import releases
+from services.placement.policy.autoscale import stops
 from services.placement.policy.plan import HostLoad, Plan
 from services.placement.policy.snapshot import Session
 
@@ -229,8 +229,8 @@ class TurboServe:
                 for hl in order[: min(have - m, len(opens))]:
                     out.append(Drain(host_id=hl.host_id))
                     if hl.host_id not in owned:  # nothing to move off: given back at once
-                        out.append(Release(host_id=hl.host_id))
+                        out.append(StopHost(host_id=hl.host_id))
                 self.below_since = None
         else:
             self.below_since = None
-        return out + releases(plan)
+        return out + stops(plan)

@@ -21,7 +21,7 @@ case the whole transfer is paid as stall: `stall_s = T_migrate`.
 For heterogeneous sessions sharing a channel, `response_times` is the
 deadline-monotonic, non-preemptive response-time analysis: a move waits for
 the longest lower-priority move already on the wire (blocking) plus every
-higher-priority release in its window (interference).
+higher-priority arrival in its window (interference).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def to_gbps(bytes_per_s: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
-    """One prospective move. `codec_ratio` is wire bytes over state bytes (1.0: no codec)."""
+class Transfer:
+    """The state transfer one prospective move would make (named apart from the fleet controller's `Move`
+    action and the mover's move). `codec_ratio` is wire bytes over state bytes (1.0: no codec)."""
 
     state_bytes: float
     dirty_rate_bps: float  # bytes per second the session rewrites while it keeps generating
@@ -97,30 +98,30 @@ class MoveVerdict:
         }
 
 
-def t_migrate_s(m: Move) -> float:
+def t_migrate_s(m: Transfer) -> float:
     return m.fixed_s + m.wire_bytes / m.bandwidth_bps
 
 
-def channel_cost_bytes(m: Move) -> float:
+def channel_cost_bytes(m: Transfer) -> float:
     """C = r·S + D·H_eff: the bytes one move puts on the channel within its horizon."""
     return m.wire_bytes + m.dirty_rate_bps * max(m.window_s, 0.0)
 
 
-def gate_bps(m: Move, dirty_rate_bps: float) -> float:
+def gate_bps(m: Transfer, dirty_rate_bps: float) -> float:
     """Least bandwidth meeting the horizon at this dirty rate (inf when setup eats the horizon)."""
     if m.window_s <= 0:
         return math.inf
     return m.wire_bytes / m.window_s + dirty_rate_bps
 
 
-def l_star_s(m: Move) -> float:
+def l_star_s(m: Transfer) -> float:
     """L* = r·S / (B − D) + X + Y: the shortest horizon this move can be admitted for."""
     if m.dirty_rate_bps >= m.bandwidth_bps:
         return math.inf
     return m.wire_bytes / (m.bandwidth_bps - m.dirty_rate_bps) + m.fixed_s
 
 
-def n_max(m: Move) -> int:
+def n_max(m: Transfer) -> int:
     """Fleet test: N ≤ H_eff·B / C moves of this kind share one channel within the horizon."""
     if m.window_s <= 0:
         return 0
@@ -131,12 +132,12 @@ def n_max(m: Move) -> int:
     return int(min(capacity // cost, 2**31 - 1))
 
 
-def live_gate_ok(m: Move) -> bool:
+def live_gate_ok(m: Transfer) -> bool:
     """B ≥ r·S/H_eff + D, as the slack `H_eff·B − C ≥ 0` the fleet test also uses."""
     return m.window_s > 0 and m.window_s * m.bandwidth_bps >= channel_cost_bytes(m)
 
 
-def evaluate(m: Move) -> MoveVerdict:
+def evaluate(m: Transfer) -> MoveVerdict:
     t = t_migrate_s(m)
     reason = ""
     if not t < m.horizon_s:
@@ -160,7 +161,7 @@ def evaluate(m: Move) -> MoveVerdict:
 
 @dataclass(frozen=True, slots=True)
 class Flow:
-    """One session's move traffic on a shared channel: it may recur every `period_s` (default: its horizon)."""
+    """One session's move traffic on a shared channel: it may arrive again every `period_s` (default: its horizon)."""
 
     state_bytes: float
     dirty_rate_bps: float
@@ -178,7 +179,7 @@ def response_times(flows: list[Flow], bandwidth_bps: float, *, setup_s: float = 
 
     Deadline-monotonic priorities, non-preemptive channel: flow i waits for the
     longest lower-priority transfer (or `blocking_s`, a move already running) and
-    for every higher-priority release before it starts:
+    for every higher-priority arrival before it starts:
     w = B_i + Σ_{j∈hp(i)} (⌊w/T_j⌋ + 1)·C_j,  R_i = w + C_i.
     """
     if bandwidth_bps <= 0:

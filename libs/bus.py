@@ -10,11 +10,12 @@ reaches a client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -229,6 +230,44 @@ def _unavailable(e: BaseException, what: str) -> errors.Unavailable:
     return errors.Unavailable(f"{what}: {type(e).__name__}", reason=type(e).__name__)
 
 
+# What nats-py raises when the bus or the server does not do what was asked (its TimeoutError is a
+# TimeoutError too). Only this module and `libs/jetstream.py` name them: everyone else gets ours.
+BUS_ERRORS = (nats.errors.Error, nats.js.errors.Error, TimeoutError, ConnectionError)
+
+
+@contextlib.contextmanager
+def unavailable(what: str, **fields: Any) -> Iterator[None]:
+    """nats-py's errors raised inside become `Unavailable` (retryable: the bus is away, or a server is
+    electing a leader), so the caller handles our typed error only; ours pass through unchanged."""
+    try:
+        yield
+    except errors.StatefleetError:
+        raise
+    except BUS_ERRORS as e:
+        raise errors.Unavailable(f"{what}: {type(e).__name__}", reason=type(e).__name__, **fields) from None
+
+
+async def quietly(op: Awaitable[Any]) -> None:
+    """Await an ending whose failure changes nothing (an unsubscribe, a watcher's stop, an ack the
+    server redelivers anyway): a bus error means the thing is gone with its connection already."""
+    try:
+        await op
+    except BUS_ERRORS:
+        pass
+
+
+async def publish(nc: NATS, subject: str, data: bytes) -> None:
+    """Core NATS publish; `Unavailable` when the connection cannot take it (closed, draining, full)."""
+    with unavailable(f"publish to {subject}"):
+        await nc.publish(subject, data)
+
+
+async def watch(kv: KeyValue) -> KeyValue.KeyWatcher:
+    """A watcher of every key (its history first, then None, then updates). A bus failure is `Unavailable`."""
+    with unavailable("kv watch not opened"):
+        return await kv.watchall()
+
+
 async def ensure_object_store(js: JetStreamContext, bucket: str, *, replicas: int = 1) -> ObjectStore:
     try:
         return await js.create_object_store(bucket=bucket, replicas=replicas)
@@ -319,13 +358,16 @@ async def respond_error(nc: NATS, reply_subject: str, e: errors.StatefleetError)
 
 
 async def next_update(watcher: KeyValue.KeyWatcher, timeout_s: float) -> KeyValue.Entry | None:
-    """The watcher's next entry (None: the "caught up" marker), or `nats.errors.TimeoutError` after
-    `timeout_s`. Unlike `watcher.updates(timeout)`, a cancellation is never lost (see libs/tasks.py)."""
+    """The watcher's next entry (None: the "caught up" marker); `errors.Timeout` when none came within
+    `timeout_s`, `Unavailable` when the watch broke. Unlike `watcher.updates(timeout)`, a cancellation
+    is never lost (see libs/tasks.py)."""
     try:
         async with asyncio.timeout(timeout_s):
             return await anext(watcher)
     except TimeoutError:
-        raise nats.errors.TimeoutError from None
+        raise errors.Timeout(f"no kv update within {timeout_s:g}s") from None
+    except BUS_ERRORS as e:
+        raise _unavailable(e, "kv watch broke") from None
 
 
 async def subscribe_events(

@@ -139,11 +139,12 @@ def permissions(user: str) -> Permissions:
         ),
         "placement": (
             [*_js_create(_kv(names.ENGINES_BUCKET)), *_js_read(names.SESSION_STREAM),
-             # its host records (reservations, drain state), CAS-written; the sessions hint it marks orphans in
+             # its host records (reservations, drain state), CAS-written; the sessions hint it reads (fence
+             # writes it, orphan marks included: `FENCE_MARK`)
              *_js_admin(_kv(names.CAPACITY_BUCKET)), f"$KV.{names.CAPACITY_BUCKET}.>",
-             *_js_create(_kv(names.SESSIONS_BUCKET)), f"$KV.{names.SESSIONS_BUCKET}.*",
+             *_js_create(_kv(names.SESSIONS_BUCKET)),
              *_js_create(_kv(names.ADMISSION_BUCKET)),  # admission's queue: load the autoscaler counts
-             names.FENCE_ASSIGN, names.FENCE_META, names.MOVER_MOVE,
+             names.FENCE_ASSIGN, names.FENCE_META, names.FENCE_MARK, names.MOVER_MOVE,
              # the fleet controller: its lease, and the engine verbs it reads load from and offloads with
              *_js_admin(_kv(names.PLACEMENT_LEASE_BUCKET)), f"$KV.{names.PLACEMENT_LEASE_BUCKET}.>",
              *(names.engine_subject("*", verb) for verb in ("status", "suspend", "resume"))],

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from libs import errors
-from libs.bus import JS_WRONG_LAST_SEQUENCE
-
-BUS_ERRORS = (nats.errors.Error, nats.js.errors.Error, TimeoutError, ConnectionError)
+from libs.bus import BUS_ERRORS, JS_WRONG_LAST_SEQUENCE
 
 
 def _failed(e: BaseException, what: str, **fields: Any) -> errors.StatefleetError:

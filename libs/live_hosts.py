@@ -16,17 +16,14 @@ placement declares wrongly costs a failover, so only placement needs the stricte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
-import nats.errors
-import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from libs import bus, names
+from libs import bus, errors, names
 from libs.errors import SchemaError
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry
@@ -64,7 +61,7 @@ class LiveHosts:
 
     async def watch(self) -> None:
         """Start watching the bucket; call before anything reads `followed`, so no update is missed."""
-        self._watcher = await self.kv.watchall()
+        self._watcher = await bus.watch(self.kv)
 
     def followed(self) -> list[EngineEntry]:
         """Every live host as the watch has delivered them so far."""
@@ -79,14 +76,13 @@ class LiveHosts:
         while True:
             try:
                 await self._follow(on_change, silence_s)
-            except nats.errors.Error as e:
-                self.log.info("engine_watch_reopen", reason=type(e).__name__)
-            with contextlib.suppress(nats.errors.Error):
-                await self._watcher.stop()
+            except errors.StatefleetError as e:  # silent for too long (a lost server), or the watch broke
+                self.log.info("engine_watch_reopen", reason=e.code)
+            await bus.quietly(self._watcher.stop())
             try:
-                self._watcher = await self.kv.watchall()
-            except nats.errors.Error as e:  # the bus is down: try again shortly
-                self.log.warning("engine_watch_failed", error=type(e).__name__)
+                self._watcher = await bus.watch(self.kv)
+            except errors.Unavailable as e:  # the bus is down: try again shortly
+                self.log.warning("engine_watch_failed", error=e.detail)
                 await asyncio.sleep(self.heartbeat_s)
 
     async def _follow(self, on_change: Callable[[], None], silence_s: float) -> None:

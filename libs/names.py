@@ -118,6 +118,7 @@ FENCE_META = "sf.fence.meta"  # MetaRequest → SessionMeta (caller: engine host
 FENCE_CHECKPOINT = "sf.fence.checkpoint"  # CheckpointRequest → SessionMeta (caller: the claimed owner)
 FENCE_CLOSE = "sf.fence.close"  # CloseRequest → CloseReply (caller: admission)
 FENCE_KICK = "sf.fence.kick"  # Kick → KickReply: release what waited for a claim (caller: the lease)
+FENCE_MARK = "sf.fence.mark"  # MarkRequest → MarkReply: orphan marks on the sessions hint (caller: placement)
 # Broadcast: a session id whose session closed, so every fence instance stops taking its input.
 FENCE_CLOSED = "sf.fence.closed"
 

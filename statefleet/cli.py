@@ -74,7 +74,7 @@ def _admit_calc(args: argparse.Namespace) -> int:
     from libs import admissibility as adm
 
     try:
-        move = adm.Move(state_bytes=args.state_bytes, dirty_rate_bps=args.dirty_rate,
+        move = adm.Transfer(state_bytes=args.state_bytes, dirty_rate_bps=args.dirty_rate,
                         horizon_s=args.horizon_ms / 1e3, bandwidth_bps=adm.gbps(args.bandwidth_gbps),
                         setup_s=args.setup_ms / 1e3, codec_ratio=args.codec_ratio, codec_s=args.codec_ms / 1e3)
     except ValueError as e:

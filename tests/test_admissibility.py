@@ -21,8 +21,8 @@ setups = st.floats(min_value=0, max_value=0.5)
 factors = st.floats(min_value=1.0001, max_value=10)
 
 
-def move(s, d, h, b, x=0.0, r=1.0, y=0.0) -> adm.Move:
-    return adm.Move(state_bytes=s, dirty_rate_bps=d, horizon_s=h, bandwidth_bps=b, setup_s=x,
+def move(s, d, h, b, x=0.0, r=1.0, y=0.0) -> adm.Transfer:
+    return adm.Transfer(state_bytes=s, dirty_rate_bps=d, horizon_s=h, bandwidth_bps=b, setup_s=x,
                     codec_ratio=r, codec_s=y)
 
 

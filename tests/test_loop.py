@@ -27,6 +27,7 @@ from services.engine_host.service import EngineHostConfig, EngineHostService
 from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
 from services.placement.service import PlacementConfig, PlacementService
+from tests.support.waiting import eventually
 
 SEED, PROMPT, TIER = 11, "a calm narrator", 8
 # C3 bulk: blocks run when asked (`advance`), so which items fold into which block is exact.
@@ -61,14 +62,6 @@ async def fleet(nats_server, tmp_path):
         await svc.stop()
 
 
-async def wait_for(fn, timeout_s: float = 20.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if result := await fn():
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
-
-
 def control_blocks(inputs_per_block: list[list[bytes]], perturb_after: int | None = None) -> list:
     backend = AvatarBackend()
     state = backend.init_state(SEED, SessionInit(prompt=PROMPT))
@@ -97,7 +90,7 @@ async def test_create_stream_move_and_continue_byte_identically(fleet, nc, tmp_p
             return view.claim == view.owner and view.owner is not None and \
                 (view.owner.server_id, view.owner.version) == (host_id, version)
 
-        await wait_for(lambda: claimed_by(first, 1))
+        await eventually(lambda: claimed_by(first, 1))
         got: list[OutputChunk] = []
         ws = await http.ws_connect(created["output_ws_url"], headers=auth)
         reader = asyncio.create_task(_read(ws, got))
@@ -105,7 +98,7 @@ async def test_create_stream_move_and_continue_byte_identically(fleet, nc, tmp_p
         async def say(text: str, host_id: str, cursor: int) -> None:
             async with http.post(created["input_url"], json={"kind": "text", "data": text}, headers=auth) as r:
                 assert r.status == 200, await r.text()
-            await wait_for(lambda: _cursor_is(hosts[host_id], sid, cursor))
+            await eventually(lambda: _cursor_is(hosts[host_id], sid, cursor))
 
         async def run_blocks(host_id: str, blocks: int) -> None:
             await bus.request(nc, names.engine_subject(host_id, "advance"), Advance(session_id=sid, blocks=blocks),
@@ -121,12 +114,12 @@ async def test_create_stream_move_and_continue_byte_identically(fleet, nc, tmp_p
                                         capture_output=True, text=True, env=env, timeout=120)
         assert moved.returncode == 0, moved.stdout + moved.stderr
         assert json.loads(moved.stdout)["outcome"] == "committed"
-        await wait_for(lambda: claimed_by(other, 2))
+        await eventually(lambda: claimed_by(other, 2))
         assert sid not in hosts[first].runtime.sessions  # the source let go
 
         await say("general kenobi", other, 2)
         await run_blocks(other, 2)
-        await wait_for(lambda: _blocks_received(got, 4))
+        await eventually(lambda: _blocks_received(got, 4))
         reader.cancel()
         await ws.close()
 
@@ -141,7 +134,7 @@ async def test_create_stream_move_and_continue_byte_identically(fleet, nc, tmp_p
         view = await (await http.get(f"http://127.0.0.1:{admission.http_port}/v1/sessions/{sid}")).json()
         assert (view["owner_server_id"], view["owner_version"], view["claimed"]) == (other, 2, True)
         assert (await http.delete(f"http://127.0.0.1:{admission.http_port}/v1/sessions/{sid}")).status == 204
-        await wait_for(lambda: _gone(hosts[other], sid))
+        await eventually(lambda: _gone(hosts[other], sid))
 
 
 async def _read(ws, got: list[OutputChunk]) -> None:
@@ -177,7 +170,7 @@ async def test_a_move_from_a_host_that_does_not_own_the_session_is_rejected(flee
         created = await resp.json()
     sid, owner = created["session_id"], created["host_id"]
     other = next(h for h in hosts if h != owner)
-    await wait_for(lambda: _cursor_is(hosts[owner], sid, 0))
+    await eventually(lambda: _cursor_is(hosts[owner], sid, 0))
     receipt = await bus.request(nc, "sf.mover.move", MoveRequest(session_id=sid, source=other, dest=owner,
                                                                  deadline_s=5.0), MoveReceipt, timeout_s=30)
     assert receipt.outcome == "rejected" and f"{other} does not own" in receipt.reason

@@ -27,13 +27,10 @@ before it yields its next item, and ends if the claim is gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
 
-import nats.errors
-import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
@@ -111,8 +108,7 @@ class EngineClient:
 
     async def close(self) -> None:
         if self._sub is not None:
-            with contextlib.suppress(nats.errors.ConnectionClosedError):
-                await self._sub.unsubscribe()
+            await bus.quietly(self._sub.unsubscribe())
         for lease in list(self._leases.values()):
             await lease.stop()
         if self._feed is not None:
@@ -136,8 +132,8 @@ class EngineClient:
                 _notices_failed.add(1, {"reason": e.code})
                 _log.warning("assignment_notice_dropped", session_id=notice.session_id[:140], detail=e.detail)
                 continue
-            except (errors.StatefleetError, nats.errors.Error) as e:
-                _notices_failed.add(1, {"reason": getattr(e, "code", type(e).__name__)})
+            except errors.StatefleetError as e:
+                _notices_failed.add(1, {"reason": e.code})
                 _log.warning("assignment_notice_retry", session_id=notice.session_id, error=repr(e))
                 await asyncio.sleep(NOTICE_RETRY_S)
                 self._notices.put_nowait(notice)
@@ -346,13 +342,10 @@ class Lease:
         self.applied = cursor
         # A hint: while a JetStream leader is elected the put goes unanswered, and the caller must be
         # able to treat that as the typed, retryable error it is rather than lose its input loop.
-        try:
+        with bus.unavailable("applied cursor not recorded", session_id=self.session_id):
             kv = await self.client.meta_kv()
             await kv.put(names.applied_key(self.session_id), encode(AppliedCursor(
                 server_id=self.owner.server_id, version=self.owner.version, cursor=cursor)))
-        except (nats.errors.Error, TimeoutError) as e:
-            raise errors.Unavailable(f"applied cursor not recorded: {type(e).__name__}",
-                                     session_id=self.session_id) from None
 
 
 

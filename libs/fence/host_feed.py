@@ -10,15 +10,12 @@ record means to a lease, each lease decides by its position and its `(server_id,
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
-import nats.errors
-import nats.js.errors
 import structlog
 from nats.js import JetStreamContext, api
 
-from libs import errors, names
+from libs import bus, errors, names
 from libs.schemas.base import decode
 from libs.schemas.fence import LogRecord
 from libs.telemetry import counter
@@ -41,14 +38,12 @@ class HostFeed:
     async def start(self) -> None:
         """Read from the stream's next record on: what came before belongs to no lease of this process.
         `Unavailable` when the stream cannot be reached now (the caller retries)."""
-        try:
+        with bus.unavailable("host feed not started", host_id=self.host_id):
             start = (await self.js.stream_info(names.SESSION_STREAM)).state.last_seq + 1
             config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
             sub = await self.js.subscribe(names.host_records_subject(self.host_id), cb=self._on_msg,
                                           ordered_consumer=True, config=config, stream=names.SESSION_STREAM,
                                           idle_heartbeat=FEED_HEARTBEAT_S)
-        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as e:
-            raise errors.Unavailable(f"host feed not started: {type(e).__name__}", host_id=self.host_id) from None
         # nats-py restarts an ordered consumer after the last record it delivered, and before the first
         # one from the stream's very first record: have it resume where we started instead, so a restart
         # before any delivery does not read the host's whole history again (the leases would skip it).
@@ -60,8 +55,7 @@ class HostFeed:
     async def stop(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
-            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                await sub.unsubscribe()
+            await bus.quietly(sub.unsubscribe())
 
     async def _on_msg(self, msg) -> None:
         try:

@@ -179,7 +179,7 @@ class MotionEndpoint:
             return AdmitVerdict(admissible=False, reason=f"host {self.host_id} already holds the session live")
         except NotFound:
             pass
-        verdict = admissibility.evaluate(admissibility.Move(
+        verdict = admissibility.evaluate(admissibility.Transfer(
             state_bytes=req.state_bytes, dirty_rate_bps=req.dirty_rate_bps, horizon_s=req.horizon_s,
             bandwidth_bps=req.bandwidth_bps, setup_s=req.setup_s))
         if not verdict.admissible:

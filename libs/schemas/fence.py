@@ -157,6 +157,21 @@ class CloseReply(Msg):
     log_seq: int
 
 
+class MarkRequest(Msg):
+    """Placement's say on the `sf_sessions` hint, which fence writes (`sf.fence.mark`). `orphaned` (why
+    no live host takes the session) marks it orphaned while the log still shows owner version `version`;
+    "" clears a mark: the summary then says what the log says."""
+
+    session_id: str
+    version: int = 0
+    orphaned: str = ""
+
+
+class MarkReply(Msg):
+    session_id: str
+    state: str  # the summary's state as fence wrote it
+
+
 class AssignRequest(Msg):
     """`sf.fence.assign`: make `server_id` the assigned owner at the next version.
 

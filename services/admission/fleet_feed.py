@@ -19,13 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import nats.errors
-import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from libs import bus, names
+from libs import bus, errors, jetstream, names
 from libs.telemetry import meter
 
 KEPT_EVENTS = 60
@@ -95,8 +93,10 @@ class FleetFeed:
         """Watch one bucket for as long as the service runs; a bucket not made yet is waited for."""
         while True:
             try:
-                kv = await self.js.key_value(bucket)
-                watcher = await kv.watchall()
+                kv = await jetstream.bucket(self.js, bucket)
+                if kv is None:
+                    raise errors.Unavailable(f"no bucket {bucket} yet", bucket=bucket)
+                watcher = await bus.watch(kv)
                 while True:
                     entry = await bus.next_update(watcher, 30.0)
                     if entry is None:
@@ -108,7 +108,7 @@ class FleetFeed:
                         continue
                     apply(entry.key, value if isinstance(value, dict) or value is None else None)
                     self._changed()
-            except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+            except errors.StatefleetError:
                 await asyncio.sleep(self.heartbeat_s)  # no bucket yet, or the bus is away: look again
 
     def _lifecycle(self, key: str, value: dict | None) -> None:

@@ -28,8 +28,6 @@ from collections import Counter
 from typing import Annotated
 
 import msgspec
-import nats.errors
-import nats.js.errors
 from opentelemetry import trace
 
 from libs import bus, http_limits, init_inputs, names
@@ -318,23 +316,18 @@ class AdmissionService(Service):
 
     async def _load(self, session_id: str, caller: Caller = OPEN) -> SessionRecord:
         """The record; another tenant's session is as not found as a missing one (no oracle)."""
-        try:
-            entry = await self._kv(self.records.get(session_id))
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            raise NotFound(f"no session {session_id}", field="session_id", session_id=session_id) from None
-        record = decode(entry.value, SessionRecord)
+        entry = await bus.kv_read(self.records, session_id)
+        if entry is None:
+            raise NotFound(f"no session {session_id}", field="session_id", session_id=session_id)
+        record = decode(entry.value or b"", SessionRecord)
         if not caller.may_touch(record.tenant):
             raise NotFound(f"no session {session_id}", field="session_id", session_id=session_id)
         return record
 
     async def _kv(self, op):
-        """Await a KV operation; a bus that does not answer is `Unavailable` (retryable), not a crash."""
-        try:
+        """Await a write to the records; a bus that does not answer is `Unavailable` (retryable), not a crash."""
+        with bus.unavailable("the session store did not answer"):
             return await op
-        except nats.js.errors.KeyValueError:
-            raise  # an answer about the key (not found, deleted, wrong revision): the caller decides
-        except nats.errors.Error as e:
-            raise Unavailable(f"the session store did not answer: {type(e).__name__}") from None
 
     # ------------------------------------------------------------ engine hosts
 

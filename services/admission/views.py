@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 
 import msgspec
-import nats.errors
 from nats.js import JetStreamContext
 
-from libs import names
+from libs import bus, jetstream, names
 from libs.contracts import Reservations
 from libs.errors import StatefleetError
 from libs.fence.ownership import read_owner
@@ -55,9 +54,12 @@ async def owned_status(js: JetStreamContext, r: SessionRecord, queue_position: i
 async def owner_state(js: JetStreamContext, session_id: str, live: list[EngineEntry]) -> str:
     """The `sf_sessions` word on the owner; never `serving` while its host process is not live."""
     try:
-        kv = await js.key_value(names.SESSIONS_BUCKET)
-        summary = decode((await kv.get(session_id)).value, SessionSummary)
-    except (nats.errors.Error, StatefleetError):
+        kv = await jetstream.bucket(js, names.SESSIONS_BUCKET)
+        entry = await bus.kv_read(kv, session_id) if kv is not None else None
+        if entry is None:
+            return ""
+        summary = decode(entry.value or b"", SessionSummary)
+    except StatefleetError:
         return ""
     if summary.state == "serving":
         host = next((h for h in live if h.host_id == summary.owner_server_id), None)

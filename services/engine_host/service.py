@@ -239,7 +239,7 @@ class EngineHostService(Service):
         return run
 
     async def _publish(self, subject: str, payload: bytes) -> None:
-        await self.nc.publish(subject, payload)
+        await bus.publish(self.nc, subject, payload)  # a connection that cannot take it: `Unavailable`
 
     async def heartbeat(self) -> None:
         if self._taking.done():

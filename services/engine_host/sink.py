@@ -10,10 +10,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import msgspec
-import nats.errors
 import structlog
 
-from libs import names
+from libs import errors, names
 from libs.schemas.base import encode
 from libs.schemas.engine import OutputChunk
 from libs.schemas.fence import ConsumedBlock
@@ -100,9 +99,9 @@ class OutputSink:
             for chunk in wire.chunks(s.sid, block, encoded, media_s=s.backend.media_s_per_block,
                                      input_seq=input_seq, replayed=replayed):
                 await self.publish(names.output_subject(s.sid), encode(chunk))
-        except nats.errors.Error as e:
-            _output_dropped.add(1, {"reason": type(e).__name__})
-            log.warning("output_dropped", session_id=s.sid, block=block, error=type(e).__name__)
+        except errors.Unavailable as e:  # live output is at most once: a block the bus did not take is dropped
+            _output_dropped.add(1, {"reason": e.fields.get("reason", e.code)})
+            log.warning("output_dropped", session_id=s.sid, block=block, error=e.detail)
 
     async def report_rejected(self, s: Session, rejected: Rejected) -> None:
         """An item the backend refused was skipped: say so on the session's output stream."""
@@ -117,5 +116,5 @@ class OutputSink:
                             part=0, parts=1, data=msgspec.json.encode(body))
         try:
             await self.publish(names.output_subject(s.sid), encode(chunk))
-        except nats.errors.Error as err:
-            _output_dropped.add(1, {"reason": type(err).__name__})
+        except errors.Unavailable as err:
+            _output_dropped.add(1, {"reason": err.fields.get("reason", err.code)})

@@ -23,11 +23,10 @@ import weakref
 from typing import Protocol
 
 import msgspec
-import nats.errors
 from aiohttp import WSCloseCode, web
 from nats.aio.client import Client as NATS
 
-from libs import errors, names
+from libs import bus, errors, names
 from libs.fence import session_log
 from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
@@ -141,8 +140,7 @@ class Egress:
                     await forward
         finally:
             for sub in subs:
-                with contextlib.suppress(nats.errors.Error):
-                    await sub.unsubscribe()
+                await bus.quietly(sub.unsubscribe())
         return ws
 
     async def _forward(self, request: web.Request, ws: web.WebSocketResponse, box: Outbox) -> None:

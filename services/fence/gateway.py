@@ -32,13 +32,11 @@ import asyncio
 import contextlib
 from collections import defaultdict
 
-import nats.errors
-import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext, api
 
-from libs import bus, errors, names
+from libs import bus, errors, jetstream, names
 from libs.fence import core, session_log
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
@@ -159,10 +157,11 @@ class Gateway:
         """How many more items the claimed owner may be released now (its queue's free room)."""
         cursor = self._applied.get(session_id)
         if cursor is None or (cursor.server_id, cursor.version) != (owner.server_id, owner.version):
-            with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.errors.Error, TimeoutError,
-                                     errors.StatefleetError):
-                kv = await self.js.key_value(names.FENCE_META_BUCKET)
-                cursor = decode((await kv.get(names.applied_key(session_id))).value, AppliedCursor)
+            with contextlib.suppress(errors.StatefleetError):  # none recorded, or unread now: a hint
+                kv = await jetstream.bucket(self.js, names.FENCE_META_BUCKET)
+                entry = await bus.kv_read(kv, names.applied_key(session_id)) if kv is not None else None
+                if entry is not None:
+                    cursor = decode(entry.value or b"", AppliedCursor)
             if cursor is None or (cursor.server_id, cursor.version) != (owner.server_id, owner.version):
                 # Nothing reported by this owner yet: count from where it stands as far as we know.
                 cursor = AppliedCursor(server_id=owner.server_id, version=owner.version, cursor=tail.view.released)
@@ -240,8 +239,7 @@ class Gateway:
         # pump that failed are not acked: the consumer redelivers them after ACK_WAIT_S.
         for m in msgs:
             if names.input_session_id(m.subject) not in failed:
-                with contextlib.suppress(nats.errors.Error):
-                    await m.ack()
+                await bus.quietly(m.ack())
                 await asyncio.sleep(0)  # an ack does not yield: let a waiting release go between them
         return len(todo)
 

@@ -22,12 +22,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import nats.errors
-import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 
-from libs import bus, errors, names
+from libs import bus, errors, jetstream, names
 from libs.fence import session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem
@@ -191,21 +189,20 @@ class InputAppender:
             if not batch.items:
                 return answers, [], 0
             try:
-                ack = await self.js.publish(names.input_subject(session_id), encode(batch),
-                                            headers={session_log.EXPECTED_LAST_SUBJECT_SEQ: str(s.tail.stream_seq)})
-            except nats.js.errors.APIError as e:
-                if e.err_code != bus.JS_WRONG_LAST_SEQUENCE:
-                    raise errors.Unavailable(f"input store refused: {e.description}") from None
+                stored_seq = await jetstream.append(
+                    self.js, names.input_subject(session_id), encode(batch),
+                    {session_log.EXPECTED_LAST_SUBJECT_SEQ: str(s.tail.stream_seq)}, what="the input store",
+                    session_id=session_id)
+            except errors.Conflict:
                 s.tail = None  # another ingress stored some: take the seqs after them
                 continue
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                    nats.js.errors.NoStreamResponseError):
+            except errors.Unavailable:
                 s.tail = None  # it may have landed: re-read before the next one
-                raise errors.Unavailable("input store unanswered; retry", session_id=session_id) from None
-            s.tail = _InputTail(batch.items[-1].seq, ack.seq)
+                raise
+            s.tail = _InputTail(batch.items[-1].seq, stored_seq)
             if s.ids is not None:
-                s.ids.remember(batch, ack.seq)
-            return answers, batch.items, ack.seq
+                s.ids.remember(batch, stored_seq)
+            return answers, batch.items, stored_seq
         raise errors.Busy("too much contention on this session's input", session_id=session_id)
 
     def _number(self, session_id: str, s: _Session, group: list[_Waiting]) -> tuple[list[Stored], InputBatch]:
@@ -231,12 +228,13 @@ class InputAppender:
 
     async def _read_tail(self, session_id: str) -> _InputTail:
         try:
-            raw = await self.js.get_last_msg(names.INPUT_STREAM, names.input_subject(session_id), direct=True)
-        except nats.js.errors.NotFoundError:
-            return _InputTail()
-        except nats.errors.TimeoutError:
+            raw = await jetstream.last_msg(self.js, names.INPUT_STREAM, names.input_subject(session_id),
+                                           what="the input store", session_id=session_id)
+        except errors.Timeout:  # ingress answers 503 (retry), as for any store that did not answer
             raise errors.Unavailable("input store unanswered; retry", session_id=session_id) from None
-        return _InputTail(decode(raw.data, InputBatch).items[-1].seq, raw.seq)
+        if raw is None:
+            return _InputTail()
+        return _InputTail(decode(raw.data or b"", InputBatch).items[-1].seq, raw.seq)
 
 
 def _fail(done: asyncio.Future, error: Exception) -> None:

@@ -14,9 +14,9 @@ from nats.js import JetStreamContext
 
 from libs import bus, errors, names
 from libs.fence import core, session_log
-from libs.fence.ownership import update_summary
 from libs.schemas.base import encode
 from libs.schemas.fence import AssignNotice, AssignReply, AssignRequest, Claim, ClaimReply, ClaimRequest
+from services.fence.summaries import update_summary
 
 _log = structlog.get_logger("statefleet.fence")
 

@@ -29,12 +29,11 @@ import uuid
 from collections.abc import Callable
 
 import msgspec
-import nats.errors
 import structlog
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from nats.aio.client import Client as NATS
 
-from libs import errors, names, rtc_ice
+from libs import bus, errors, names, rtc_ice
 from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
 from libs.schemas.engine import OutputChunk
@@ -190,8 +189,7 @@ class Peer:
         _log.info("rtc_peer_closed", session_id=self.session_id, peer_id=self.peer_id, reason=reason)
         self.playout.close()
         for sub in self._subs:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+            await bus.quietly(sub.unsubscribe())
         if self.input is not None:
             await self.input.close()
         await self.pc.close()

@@ -20,6 +20,7 @@ from libs.schemas.fence import (
     CheckpointRequest,
     ClaimRequest,
     CloseRequest,
+    MarkRequest,
     MetaRequest,
     RegisterRequest,
 )
@@ -36,6 +37,7 @@ from services.fence.inputs import InputAppender
 from services.fence.rtc_limits import RtcLimits
 from services.fence.rtc_offer import RtcEndpoint
 from services.fence.sessions import Sessions
+from services.fence.summaries import mark
 
 # Requests each instance handles at once. Every verb decides by compare-and-set (as it must with
 # several instances), so they need no serializing; a failover or a host claiming thousands of
@@ -102,7 +104,8 @@ class FenceService(Service):
                 ("fence.checkpoint", names.FENCE_CHECKPOINT, CheckpointRequest, self.sessions.checkpoint),
                 ("fence.close", names.FENCE_CLOSE, CloseRequest, self.sessions.close),
                 ("fence.assign", names.FENCE_ASSIGN, AssignRequest, self._assign),
-                ("fence.claim", names.FENCE_CLAIM, ClaimRequest, self._claim)):
+                ("fence.claim", names.FENCE_CLAIM, ClaimRequest, self._claim),
+                ("fence.mark", names.FENCE_MARK, MarkRequest, self._mark)):
             await bus.serve(self.nc, subject, req_type, traced(span, handler, tracer_name="statefleet.fence"),
                             queue="fence", concurrency=VERB_CONCURRENCY)
         await self.nc.subscribe(names.FENCE_CLOSED, cb=self._on_closed)
@@ -125,6 +128,9 @@ class FenceService(Service):
 
     async def _claim(self, request: ClaimRequest):
         return await ownership_log.append_claim(self.js, request)
+
+    async def _mark(self, request: MarkRequest):
+        return await mark(self.js, request)
 
     async def _on_closed(self, msg) -> None:
         session_id = msg.data.decode(errors="replace")

@@ -23,9 +23,9 @@ from nats.js.kv import KeyValue
 
 from libs import bus, errors, init_inputs, jetstream, names
 from libs.contracts import Contract
-from libs.fence import core, ownership, session_log
+from libs.fence import core, session_log
 from libs.schemas.base import decode, encode
-from libs.schemas.common import INPUT_KINDS, SessionSummary
+from libs.schemas.common import INPUT_KINDS
 from libs.schemas.engine import SessionInit
 from libs.schemas.fence import (
     CheckpointRequest,
@@ -38,6 +38,7 @@ from libs.schemas.fence import (
     SessionMeta,
     SessionSpec,
 )
+from services.fence import summaries
 
 _log = structlog.get_logger("statefleet.fence.sessions")
 
@@ -82,11 +83,8 @@ class Sessions:
             raise errors.Conflict("session already registered", session_id=req.session_id)
         self._cache[req.session_id] = meta
         _log.info("session_registered", session_id=req.session_id, backend=req.backend)
-        # The hint's first summary (`statefleet status`); fence writes every later one too, after its appends.
-        summaries = await self.js.key_value(names.SESSIONS_BUCKET)
-        await summaries.put(req.session_id, encode(SessionSummary(
-            session_id=req.session_id, backend=req.backend, session_class=_session_class(req.contract),
-            state="pending", updated_at=time.time())))
+        await summaries.first_summary(self.js, req.session_id, backend=req.backend,
+                                      session_class=_session_class(req.contract))
         return RegisterReply(session_id=req.session_id, token=token)
 
     async def meta(self, req: MetaRequest) -> SessionMeta:
@@ -136,7 +134,7 @@ class Sessions:
                 new = await session_log.append(self.js, req.session_id, tail, core.decide_close(tail.view, req.reason))
             except errors.Conflict:
                 continue
-            await ownership.update_summary(self.js, req.session_id, new.view)
+            await summaries.update_summary(self.js, req.session_id, new.view)
             await self._purge_input(req.session_id)
             _log.info("session_closed", session_id=req.session_id, log_seq=new.seq)
             return CloseReply(session_id=req.session_id, log_seq=new.seq)

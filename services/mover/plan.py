@@ -39,7 +39,7 @@ class MovePlanner:
 
     def decide(self, req: MoveRequest, state_bytes: int) -> Decision:
         b = self.rate(req.source, req.dest)
-        move = admissibility.Move(state_bytes=state_bytes, dirty_rate_bps=req.dirty_rate_bps,
+        move = admissibility.Transfer(state_bytes=state_bytes, dirty_rate_bps=req.dirty_rate_bps,
                                   horizon_s=req.deadline_s, bandwidth_bps=b, setup_s=self.setup_s)
         verdict = admissibility.evaluate(move)
 

@@ -15,7 +15,7 @@ actions; it decides nothing itself, except to refuse one that the fresh state no
 - ScaleOut: the provisioner starts hosts; they count as coming until their first heartbeat
   (taken after they measured their profile: they arrive pre-warmed), or `provision_timeout_s`.
 - Drain: scale-in is a drain (`drainer.py`: live moves, hand-over only if a move is refused).
-- Release: the provisioner stops the host only after `releasable` found, on fresh reads, that it
+- StopHost: the provisioner stops the host only after `stoppable` found, on fresh reads, that it
   owns no session, holds no reservation and has no move, suspend or resume in flight.
 """
 
@@ -52,9 +52,9 @@ from services.placement.policy import (
     Fleet,
     Move,
     Params,
-    Release,
     Resume,
     ScaleOut,
+    StopHost,
     Suspend,
     decide,
 )
@@ -204,8 +204,8 @@ class FleetController:
                 await self._scale_out(a, now)
             elif isinstance(a, Drain):
                 await self._drain(a.host_id, now)
-            elif isinstance(a, Release):
-                await self._release(a)
+            elif isinstance(a, StopHost):
+                await self._stop_host(a)
 
     def _worth_it(self, a: Move, residents: dict[str, int]) -> bool:
         """A rebalancing move never takes a host's only session: it could only trade places with an empty host.
@@ -334,19 +334,19 @@ class FleetController:
 
         self._spawn(run(), f"drain:{host}")
 
-    async def _release(self, a: Release) -> None:
+    async def _stop_host(self, a: StopHost) -> None:
         host = a.host_id
         if self.provisioner is None or host not in self.provisioner.managed() or host in self.draining:
             return
-        why = await self.releasable(host)
+        why = await self.stoppable(host)
         if why:
-            self.log.info("fleet_release_deferred", host_id=host, why=why)
+            self.log.info("fleet_stop_deferred", host_id=host, why=why)
             return
         self.provisioner.stop(host)
-        _actions.add(1, {"kind": "release", "outcome": "ok"})
-        self.log.info("fleet_released", host_id=host)
+        _actions.add(1, {"kind": "stop_host", "outcome": "ok"})
+        self.log.info("fleet_host_stopped", host_id=host)
 
-    async def releasable(self, host: str) -> str:
+    async def stoppable(self, host: str) -> str:
         """Why `host` may not be stopped yet ("" when it may), from fresh reads rather than the caches.
 
         The record goes to `drained` by CAS on exactly the revision checked: from then on no placement,

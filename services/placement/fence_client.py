@@ -1,4 +1,5 @@
-"""What placement asks fence: a session's owner as the log shows it, its contract and backend, assigns.
+"""What placement asks fence: a session's owner as the log shows it, its contract and backend, assigns,
+and orphan marks on the `sf_sessions` hint (fence writes it).
 
 Fence's log is the truth placement decides on (the `sf_sessions` mirror only says which sessions to
 read); an assign is fence's compare-and-set on the version the caller saw. A session's contract
@@ -12,9 +13,9 @@ from nats.js import JetStreamContext
 
 from libs import bus, names
 from libs.contracts import Contract
-from libs.fence.ownership import assign, read_owner, update_summary
+from libs.fence.ownership import assign, read_owner
 from libs.schemas.base import decode
-from libs.schemas.fence import MetaRequest, SessionMeta, SessionView
+from libs.schemas.fence import MarkReply, MarkRequest, MetaRequest, SessionMeta, SessionView
 
 
 class FenceClient:
@@ -34,8 +35,11 @@ class FenceClient:
         """Fence assigns `host_id` at the next version; `Conflict` if the session moved on from `expect_version`."""
         await assign(self.nc, session_id, host_id, expect_version=expect_version, incarnation=incarnation)
 
-    async def summarize(self, session_id: str, view: SessionView, **fields: str) -> None:
-        await update_summary(self.js, session_id, view, **fields)
+    async def mark(self, session_id: str, version: int, orphaned: str = "") -> None:
+        """Ask fence (the `sf_sessions` hint's one writer) to mark the session orphaned at owner version
+        `version`, saying why no host takes it; `orphaned=""` clears the mark (the summary says what the log says)."""
+        await bus.request(self.nc, names.FENCE_MARK, MarkRequest(session_id=session_id, version=version,
+                                                                 orphaned=orphaned), MarkReply)
 
     def remember(self, session_id: str, contract: Contract, backend: str) -> None:
         self._specs[session_id] = (contract, backend)

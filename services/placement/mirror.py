@@ -10,17 +10,15 @@ is not, until the re-opened watch has caught up, so silence seen through it mean
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from libs import bus
-from libs.errors import StatefleetError
+from libs.errors import StatefleetError, Timeout, Unavailable
 from libs.schemas.base import decode
 
 M = TypeVar("M")
@@ -55,27 +53,26 @@ class KvMirror(Generic[M]):
             self._caught_up = False
             self._reconnects = self.nc.stats["reconnects"]
             try:
-                watcher = await self.kv.watchall()
-            except (nats.errors.Error, TimeoutError) as e:  # the bus is down: try again shortly
-                _log.warning("kv_watch_failed", bucket=self.kv._name, error=type(e).__name__)
+                watcher = await bus.watch(self.kv)
+            except Unavailable as e:  # the bus is down: try again shortly
+                _log.warning("kv_watch_failed", bucket=self.kv._name, error=e.detail)
                 await asyncio.sleep(self.silence_s)
                 continue
             try:
                 await self._follow(watcher)
-            except nats.errors.TimeoutError:
+            except Timeout:
                 _log.debug("kv_watch_reopen", bucket=self.kv._name)  # quiet, or the connection was lost
-            except (nats.errors.Error, TimeoutError) as e:
-                _log.info("kv_watch_reopen", bucket=self.kv._name, reason=type(e).__name__)
+            except Unavailable as e:
+                _log.info("kv_watch_reopen", bucket=self.kv._name, reason=e.detail)
             finally:
-                with contextlib.suppress(nats.errors.Error, TimeoutError):
-                    await watcher.stop()
+                await bus.quietly(watcher.stop())
 
     async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
         quiet = 0.0
         while True:
             try:
                 entry = await bus.next_update(watcher, CHECK_S)
-            except nats.errors.TimeoutError:
+            except Timeout:
                 quiet += CHECK_S
                 if quiet >= self.silence_s or self.nc.stats["reconnects"] != self._reconnects:
                     raise

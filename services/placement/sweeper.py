@@ -21,15 +21,14 @@ from libs.schemas.common import SessionSummary
 from libs.schemas.fence import Owner, SessionView
 from libs.telemetry import counter
 from services.placement import failover
-from services.placement.fence_client import FenceClient
-from services.placement.parts import Reserving
+from services.placement.parts import Owners, Reserving
 from services.placement.view import FleetView
 
 _failovers = counter("sf_placement_failovers_total", "Failover decisions by outcome")
 
 
 class Sweeper:
-    def __init__(self, *, view: FleetView, owners: FenceClient, reservations: Reserving, guard: Guard,
+    def __init__(self, *, view: FleetView, owners: Owners, reservations: Reserving, guard: Guard,
                  settle_s: float, grace_s: float, log: structlog.typing.FilteringBoundLogger) -> None:
         self.view, self.owners, self.reservations = view, owners, reservations
         self.guard, self.settle_s, self.grace_s, self.log = guard, settle_s, grace_s, log
@@ -44,7 +43,7 @@ class Sweeper:
                   for s in list(summaries.values()) if s.state != "closed" and s.owner_server_id}
         for sid in [sid for sid, st in states.items() if st == "alive" and summaries[sid].state == "orphaned"]:
             # Its owner turned out alive (it was heard again): the summary says what the log says.
-            await self.owners.summarize(sid, await self.owners.view(sid))
+            await self._mark(sid, summaries[sid].owner_version, "")
         suspects = [summaries[sid] for sid, st in states.items() if st == "dead"]
         stranded = []
         for s in suspects:
@@ -74,7 +73,7 @@ class Sweeper:
                 self.log.warning("session_orphaned", session_id=sid, reason=reason)
             summary = self.view.summaries().get(sid)
             if summary is None or (summary.state, summary.reason) != ("orphaned", reason):
-                await self.owners.summarize(sid, view, state="orphaned", reason=reason)
+                await self._mark(sid, view.owner.version if view.owner else 0, reason)
             return
         try:
             if not d.reserved:
@@ -93,6 +92,13 @@ class Sweeper:
         _failovers.add(1, {"outcome": "reassigned"})
         self.log.info("failed_over", session_id=sid, host_id=d.host_id, version=d.expect_version + 1,
                       dead_owner=view.owner.server_id if view.owner else "")
+
+    async def _mark(self, session_id: str, version: int, orphaned: str) -> None:
+        """Fence's orphan mark on the sessions hint: only a display hint, so a failure is logged, not raised."""
+        try:
+            await self.owners.mark(session_id, version, orphaned)
+        except StatefleetError as e:
+            self.log.info("orphan_mark_failed", session_id=session_id, code=e.code)
 
     async def reconcile(self) -> None:
         """Release reservations of sessions that closed, or that fence shows owned elsewhere for a while."""

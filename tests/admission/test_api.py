@@ -13,6 +13,7 @@ from libs.schemas.admission import CreateSession, SessionRecord
 from libs.schemas.base import decode
 from services.placement.service import PlacementConfig, PlacementService
 from tests.admission.conftest import ADMIN_TOKEN
+from tests.support.waiting import eventually
 
 PROBLEM = "application/problem+json"
 
@@ -47,14 +48,6 @@ async def sees(admission, hosts: int = 1) -> None:
     async def seen():
         return len(admission.fleet_view().hosts) == hosts
     await eventually(seen)
-
-
-async def eventually(fn, timeout_s: float = 10.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if (result := await fn()):
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 async def test_create_admits_places_and_records_the_decision(http, admission, fleet):

@@ -26,7 +26,8 @@ from libs.schemas.placement import Placement, PlaceRequest
 from services.engine_host.backends.base import advance
 from services.engine_host.backends.wan_causal import WanCausalBackend, WanCausalConfig
 from services.engine_host.output import assemble
-from tests.failover.conftest import EngineProc, Stack, eventually
+from tests.support.stack import EngineProc, Stack
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
 

@@ -20,8 +20,9 @@ from libs.schemas.fence import AssignRequest, MetaRequest, SessionMeta
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from services.fence import ownership_log
 from services.fence.service import FenceConfig, FenceService
-from tests.failover.conftest import crash, eventually
 from tests.fence.invariants import check_log, read_log
+from tests.support.stack import crash
+from tests.support.waiting import eventually
 
 
 async def checkpointed(stack, sid: str, cursor: int):

@@ -19,7 +19,7 @@ from services.admission.service import AdmissionConfig, AdmissionService
 from services.engine_host.backends.base import advance
 from services.engine_host.backends.dit import DitWorldBackend
 from services.engine_host.output import assemble
-from tests.failover.conftest import eventually
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ from libs.contracts import Contract
 from libs.fence import block_journal
 from libs.fence.replay import replay_plan
 from libs.schemas.engine import OutputChunk
-from tests.failover.conftest import eventually
 from tests.fence.invariants import check_log, read_log
+from tests.support.waiting import eventually
 
 # A short period for the slow owner to miss: its denoise stage takes SLOW_S longer than the period.
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=100.0)

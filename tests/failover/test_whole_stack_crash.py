@@ -25,7 +25,7 @@ from bench.stack import UpStack, children_of
 from libs import bus, names
 from libs.fence.ownership import read_owner
 from libs.schemas.fence import MetaRequest, SessionMeta
-from tests.failover.conftest import eventually
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
 

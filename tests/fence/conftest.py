@@ -103,14 +103,6 @@ async def engine(nc, server_id: str, checkpoints: dict | None = None, **kw) -> T
     return ToyEngine(client, checkpoints if checkpoints is not None else {}, **kw)
 
 
-async def wait_for(predicate, timeout_s: float = 10.0, every_s: float = 0.02) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(every_s)
-
-
 async def stored_items(js, session_id: str) -> list[InputItem]:
     return [i for i, _ in await read_items(js, session_id, 0, 0, max_items=1 << 20, max_bytes=1 << 40)]
 

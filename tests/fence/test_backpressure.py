@@ -12,7 +12,8 @@ import asyncio
 
 from libs.fence import ownership, session_log
 from libs.fence.client import EngineClient
-from tests.fence.conftest import register, start_fence, wait_for
+from tests.fence.conftest import register, start_fence
+from tests.support.waiting import eventually
 
 UNAPPLIED, PENDING = 4, 6
 
@@ -45,7 +46,7 @@ async def test_a_slow_engine_backs_ingress_off_with_429_and_nothing_is_lost(nats
         assert acked == list(range(1, len(acked) + 1)) and PENDING <= len(acked) <= UNAPPLIED + PENDING
         assert set(refusals) == {(429, "busy", "1", "application/problem+json")}
 
-        await wait_for(lambda: lease.backlog == UNAPPLIED)
+        await eventually(lambda: lease.backlog == UNAPPLIED)
         await asyncio.sleep(0.3)  # and no further: the owner's queue is bounded
         assert lease.backlog == UNAPPLIED
         assert (await session_log.read_tail(nc.jetstream(), "bp1")).view.released == UNAPPLIED
@@ -59,10 +60,10 @@ async def test_a_slow_engine_backs_ingress_off_with_429_and_nothing_is_lost(nats
                     await lease.report_applied(item.seq)
 
         consumer = asyncio.create_task(catch_up())
-        await wait_for(lambda: got == acked, timeout_s=15)
+        await eventually(lambda: got == acked, timeout_s=15)
         status, body, _ = await _post(http, fence, token, "after")  # room again
         assert status == 200 and body["seq"] == len(acked) + 1
-        await wait_for(lambda: got == [*acked, len(acked) + 1])
+        await eventually(lambda: got == [*acked, len(acked) + 1])
         consumer.cancel()
     finally:
         await client.close()

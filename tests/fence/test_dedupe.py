@@ -8,7 +8,8 @@ import json
 import random
 
 from libs.fence import ownership
-from tests.fence.conftest import burst, engine, post, register, start_fence, stored_items, wait_for
+from tests.fence.conftest import burst, engine, post, register, start_fence, stored_items
+from tests.support.waiting import eventually
 
 
 def item(text: str, item_id: str | None) -> dict:
@@ -39,7 +40,7 @@ async def test_a_resend_is_answered_with_the_first_seq_and_stored_once(nats_serv
         assert (await post(http, fence, "d1", token, item("d", "id-d")))[1] == \
             {"session_id": "d1", "seq": 5, "duplicate": True}
         assert [i.seq for i in await stored_items(js, "d1")] == [1, 2, 3, 4, 5]
-        await wait_for(lambda: eng.state["d1"] == [1, 2, 3, 4, 5])
+        await eventually(lambda: eng.state["d1"] == [1, 2, 3, 4, 5])
         await eng.stop()
     finally:
         await fence.stop()

@@ -12,8 +12,9 @@ import aiohttp
 from libs import bus
 from libs.fence import ownership
 from services.fence.input_reads import read_items
-from tests.fence.conftest import engine, post, register, start_fence, wait_for
+from tests.fence.conftest import engine, post, register, start_fence
 from tests.fence.invariants import check_log, read_log
+from tests.support.waiting import eventually
 
 SESSIONS = ("f0", "f1", "f2")
 
@@ -45,7 +46,7 @@ async def test_killed_server_sessions_resume_on_replacement(fence, nats_server, 
                 assert status == 200
 
     await send(12)
-    await wait_for(lambda: all(a.state[sid] == list(range(1, 13)) for sid in SESSIONS))
+    await eventually(lambda: all(a.state[sid] == list(range(1, 13)) for sid in SESSIONS))
     await crash(a, conn_a)
     await send(3)  # released to the dead owner (it still holds the claim): released but never applied
     for sid in SESSIONS:  # placement's failover: reassign only if A still holds the version it saw
@@ -56,7 +57,7 @@ async def test_killed_server_sessions_resume_on_replacement(fence, nats_server, 
         lease = await b.adopt(sid, new.version)
         assert lease.cursor == 10
     await send(5)
-    await wait_for(lambda: all(b.state.get(sid) == list(range(1, 21)) for sid in SESSIONS))
+    await eventually(lambda: all(b.state.get(sid) == list(range(1, 21)) for sid in SESSIONS))
     for sid in SESSIONS:
         released = check_log(await read_log(js, sid))
         to_a = next(v for k, v in released.items() if k.server_id == "A")
@@ -93,17 +94,17 @@ async def test_nats_restart_loses_no_accepted_item(fence, nats_server, nc):
                 await asyncio.sleep(0.01)
 
     task = asyncio.create_task(producer())
-    await wait_for(lambda: len(acked) >= 20)
+    await eventually(lambda: len(acked) >= 20)
     nats_server.kill()
     await asyncio.sleep(0.5)
     nats_server.restart()
     n = len(acked)
-    await wait_for(lambda: len(acked) >= n + 20, 30)
+    await eventually(lambda: len(acked) >= n + 20, 30)
     stop.set()
     await task
     stored = [i.seq for i, _ in await read_items(js, "n0", 0, 0, max_items=100_000, max_bytes=1 << 30)]
     assert stored == list(range(1, len(stored) + 1)) and set(acked) <= set(stored)
-    await wait_for(lambda: eng.state["n0"] == stored, 30)
+    await eventually(lambda: eng.state["n0"] == stored, 30)
     check_log(await read_log(js, "n0"))
     await eng.stop()
 
@@ -122,7 +123,7 @@ async def test_a_stopped_gateway_instance_loses_nothing(nats_server, nc, http):
             status, _ = await post(http, fences[1] if i >= 20 else fences[i % 2], sid, tokens[sid],
                                    {"kind": "text", "data": str(i)})
             assert status == 200
-    await wait_for(lambda: all(eng.state[sid] == list(range(1, 41)) for sid in SESSIONS), 20)
+    await eventually(lambda: all(eng.state[sid] == list(range(1, 41)) for sid in SESSIONS), 20)
     await eng.stop()
     # A stop ends its gateway's fetch loop even when nats-py loses a cancellation (it took 20-40 s then)
     async with asyncio.timeout(10):

@@ -1,7 +1,8 @@
 from libs.fence import ownership
 from libs.schemas.base import decode
 from libs.schemas.common import SessionSummary
-from tests.fence.conftest import engine, post, register, wait_for
+from tests.fence.conftest import engine, post, register
+from tests.support.waiting import eventually
 
 
 async def test_post_assign_claim_release(fence, nc, http, capsys):
@@ -15,7 +16,7 @@ async def test_post_assign_claim_release(fence, nc, http, capsys):
     for i in range(2, 6):
         status, body = await post(http, fence, "s1", token, {"kind": "action", "data": {"keys": ["w"], "i": i}})
         assert status == 200, body
-    await wait_for(lambda: eng.state["s1"] == [1, 2, 3, 4, 5])
+    await eventually(lambda: eng.state["s1"] == [1, 2, 3, 4, 5])
     kv = await nc.jetstream().key_value("sf_sessions")
     summary = decode((await kv.get("s1")).value, SessionSummary)
     assert (summary.owner_server_id, summary.owner_version, summary.claimed, summary.backend) == \

@@ -29,8 +29,8 @@ from tests.fence.conftest import (
     start_fence,
     stored_batches,
     stored_items,
-    wait_for,
 )
+from tests.support.waiting import eventually
 
 
 async def test_a_burst_shares_stores_and_is_answered_in_frame_order(fence, nc, http):
@@ -48,7 +48,7 @@ async def test_a_burst_shares_stores_and_is_answered_in_frame_order(fence, nc, h
     assert [i.seq for i in items] == list(range(1, len(good) + 1))
     assert [json.loads(i.data) for i in items] == [json.loads(f)["data"] for f in good]
     assert await stored_batches(js, "g1") < len(good)  # items that waited went out together
-    await wait_for(lambda: eng.state["g1"] == list(range(1, len(good) + 1)))
+    await eventually(lambda: eng.state["g1"] == list(range(1, len(good) + 1)))
     await eng.stop()
 
 
@@ -73,7 +73,7 @@ async def test_two_instances_storing_one_session_never_share_a_seq(nats_server, 
         for c in conns:  # each connection's items rise in the order it sent them
             assert seqs[c] == sorted(seqs[c])
             assert [items[s] for s in seqs[c]] == [json.loads(f)["data"] for f in sent[c]]
-        await wait_for(lambda: eng.state["g2"] == list(range(1, 601)), 20)
+        await eventually(lambda: eng.state["g2"] == list(range(1, 601)), 20)
         await eng.stop()
     finally:
         for f in fences:
@@ -90,7 +90,7 @@ async def test_the_bound_counts_queued_items_and_nothing_is_lost(nats_server, nc
         assert all(x["error"]["code"] == "busy" for x in answers[5:])
         eng = await engine(nc, "e1")
         await eng.adopt("g3", a.version)
-        await wait_for(lambda: eng.state["g3"] == [1, 2, 3, 4, 5])
+        await eventually(lambda: eng.state["g3"] == [1, 2, 3, 4, 5])
         await eng.stop()
     finally:
         await fence.stop()
@@ -158,5 +158,5 @@ async def test_items_stored_by_an_instance_that_died_before_releasing_reach_the_
     dead = InputAppender(js, max_group_items=8, max_group_bytes=1 << 20)  # on_stored=None: nobody offers
     stored = await asyncio.gather(*(dead.append("g6", "text", f'"{i}"'.encode(), 0.0) for i in range(30)))
     assert sorted(s.seq for s in stored) == list(range(1, 31))
-    await wait_for(lambda: eng.state["g6"] == list(range(1, 31)), 15)
+    await eventually(lambda: eng.state["g6"] == list(range(1, 31)), 15)
     await eng.stop()

@@ -8,7 +8,8 @@ from libs import bus, errors
 from libs.fence import ownership, session_log
 from libs.schemas.fence import CheckpointRequest, CloseReply, CloseRequest, MetaRequest, SessionMeta
 from services.fence.input_reads import read_items
-from tests.fence.conftest import engine, post, register, start_fence, wait_for
+from tests.fence.conftest import engine, post, register, start_fence
+from tests.support.waiting import eventually
 
 
 async def stored(nc, session_id: str) -> list[int]:
@@ -65,10 +66,10 @@ async def test_unclaimed_session_waits_bounded_then_busy_and_nothing_is_lost(nat
         assert codes == [200] * 5 + [429] * 3
         eng = await engine(nc, "e1")
         await eng.adopt("w1", a.version)
-        await wait_for(lambda: eng.state["w1"] == [1, 2, 3, 4, 5])
+        await eventually(lambda: eng.state["w1"] == [1, 2, 3, 4, 5])
         status, body = await post(http, fence, "w1", token, {"kind": "text", "data": "more"})
         assert status == 200 and body["seq"] == 6
-        await wait_for(lambda: eng.state["w1"] == [1, 2, 3, 4, 5, 6])
+        await eventually(lambda: eng.state["w1"] == [1, 2, 3, 4, 5, 6])
         await eng.stop()
     finally:
         await fence.stop()
@@ -102,7 +103,7 @@ async def test_verbs_refuse_bad_requests_and_append_nothing(fence, nc):
     with pytest.raises(errors.Conflict):
         await e1.client.claim("v1", a.version, 0)  # duplicate claim
     b = await ownership.assign(nc, "v1", "e2", expect_version=a.version)
-    await wait_for(lambda: lease.revoked.is_set())
+    await eventually(lambda: lease.revoked.is_set())
     with pytest.raises(errors.Conflict):
         await e1.client.claim("v1", a.version, 0)  # stale version after the newer assign
     assert (await ownership.read_owner(js, "v1")).view.owner.version == b.version
@@ -116,9 +117,9 @@ async def test_close_stops_ingress_and_revokes(fence, nc, http):
     eng = await engine(nc, "e1")
     lease = await eng.adopt("c1", a.version)
     assert (await post(http, fence, "c1", token, {"kind": "text", "data": "x"}))[0] == 200
-    await wait_for(lambda: eng.state["c1"] == [1])
+    await eventually(lambda: eng.state["c1"] == [1])
     await bus.request(nc, "sf.fence.close", CloseRequest(session_id="c1"), CloseReply)
-    await wait_for(lambda: lease.revoked.is_set())
+    await eventually(lambda: lease.revoked.is_set())
     status, problem = await post(http, fence, "c1", token, {"kind": "text", "data": "y"})
     assert (status, problem["code"]) == (409, "conflict")
     summary = await (await nc.jetstream().key_value("sf_sessions")).get("c1")

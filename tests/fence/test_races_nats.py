@@ -12,8 +12,9 @@ import pytest
 
 from libs import bus, errors
 from libs.fence import ownership
-from tests.fence.conftest import engine, post, register, start_fence, wait_for
+from tests.fence.conftest import engine, post, register, start_fence
 from tests.fence.invariants import check_log, read_log
+from tests.support.waiting import eventually
 
 SESSIONS = ("r0", "r1", "r2")
 SERVERS = ("e0", "e1", "e2")
@@ -71,10 +72,10 @@ async def test_two_gateways_with_concurrent_reassignment(nats_server, http, seed
         for sid in SESSIONS:  # one last assign; its owner must end with every item exactly once
             a = await ownership.assign(nc, sid, "e0")
             final[sid] = a.version
-        await wait_for(lambda: all(any(le.owner.server_id == "e0" and le.owner.version == final[le.session_id]
+        await eventually(lambda: all(any(le.owner.server_id == "e0" and le.owner.version == final[le.session_id]
                                            for le in leases if le.session_id == sid) for sid in SESSIONS), 20)
         e0 = engines[0]
-        await wait_for(lambda: all(e0.state.get(sid) == list(range(1, ITEMS + 1)) for sid in SESSIONS), 20)
+        await eventually(lambda: all(e0.state.get(sid) == list(range(1, ITEMS + 1)) for sid in SESSIONS), 20)
         for sid in SESSIONS:
             records = await read_log(nc.jetstream(), sid)
             released = check_log(records)
@@ -85,7 +86,7 @@ async def test_two_gateways_with_concurrent_reassignment(nats_server, http, seed
                 assert got == list(range(lease.cursor + 1, lease.cursor + 1 + len(got)))
         assert sum(f.gateway.tails != {} for f in fences) == 2  # both gateways took part
         # Revoked leases let go of their consumers; each engine keeps only the leases it still holds.
-        await wait_for(lambda: all(e.client.lease(sid) is None or not e.client.lease(sid).revoked.is_set()
+        await eventually(lambda: all(e.client.lease(sid) is None or not e.client.lease(sid).revoked.is_set()
                                    for e in engines for sid in SESSIONS))
         assert [e.client.lease(sid) is not None for e in engines for sid in SESSIONS] == [True] * 3 + [False] * 6
     finally:

@@ -1,5 +1,6 @@
 """Fence writes a session's first `sf_sessions` summary as it registers it, with the backend and the
-contract's class (issue 22: admission no longer writes the hint; only fence and placement do)."""
+contract's class (issue 22: admission no longer writes the hint, and placement's orphan marks go through fence's
+`sf.fence.mark`: fence is its one writer)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import msgspec
 
 from libs import bus, names
 from libs.contracts import Contract
+from libs.fence import ownership
 from libs.schemas.base import decode
 from libs.schemas.common import SessionSummary
-from libs.schemas.fence import RegisterReply, RegisterRequest
+from libs.schemas.fence import (
+    CloseReply,
+    CloseRequest,
+    MarkReply,
+    MarkRequest,
+    RegisterReply,
+    RegisterRequest,
+)
 
 
 async def summary(nc, sid: str) -> SessionSummary:
@@ -30,3 +39,30 @@ async def test_a_contract_fence_cannot_read_leaves_the_class_empty_and_registers
         session_id="h2", backend="toy", seed=1, contract=b"\xc1not msgpack"), RegisterReply)
     s = await summary(nc, "h2")
     assert (s.backend, s.session_class, s.state) == ("toy", "", "pending")
+
+
+async def mark(nc, sid: str, version: int, orphaned: str = "") -> str:
+    return (await bus.request(nc, names.FENCE_MARK, MarkRequest(session_id=sid, version=version, orphaned=orphaned),
+                              MarkReply)).state
+
+
+async def test_an_orphan_mark_lands_only_at_the_version_placement_saw(nc, fence):
+    """Placement marks a session it finds no room for through fence (`sf.fence.mark`), the hint's one
+    writer. A mark at the owner version the log shows lands with its reason; a late one (the session
+    was reassigned since placement looked) or one on a closed session leaves the log's own state."""
+    await bus.request(nc, names.FENCE_REGISTER, RegisterRequest(session_id="h3", backend="toy", seed=1),
+                      RegisterReply)
+    first = await ownership.assign(nc, "h3", "e0")
+    assert await mark(nc, "h3", first.version, "waiting for room (e1 busy)") == "orphaned"
+    s = await summary(nc, "h3")
+    assert (s.state, s.reason, s.owner_server_id, s.backend) == ("orphaned", "waiting for room (e1 busy)", "e0", "toy")
+    assert await mark(nc, "h3", first.version) == "assigned"  # cleared: the log's state, no reason
+    assert ((await summary(nc, "h3")).state, (await summary(nc, "h3")).reason) == ("assigned", "")
+
+    second = await ownership.assign(nc, "h3", "e1")
+    assert await mark(nc, "h3", first.version, "waiting for room (no live host)") == "assigned"
+    s = await summary(nc, "h3")
+    assert (s.state, s.owner_server_id, s.owner_version) == ("assigned", "e1", second.version)
+
+    await bus.request(nc, names.FENCE_CLOSE, CloseRequest(session_id="h3"), CloseReply)
+    assert await mark(nc, "h3", second.version, "waiting for room (no live host)") == "closed"

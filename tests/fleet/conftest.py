@@ -13,7 +13,8 @@ from libs.schemas.engine import Advance, SessionInfo
 from libs.schemas.fence import RegisterReply, RegisterRequest
 from libs.schemas.motion import Manifest, RegisterState
 from libs.schemas.placement import Placement, PlaceRequest
-from tests.failover.conftest import Stack, eventually
+from tests.support.stack import Stack
+from tests.support.waiting import eventually
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ state leaves the device), and new input resumes it with the state it had, bit fo
 from __future__ import annotations
 
 from libs.contracts import Contract
-from tests.failover.conftest import eventually
 from tests.fleet.conftest import advance, configure, create, fingerprint
+from tests.support.waiting import eventually
 
 BULK = Contract(session_class="C3", quality_floor=1, determinism="T0")  # runs blocks only when advanced
 

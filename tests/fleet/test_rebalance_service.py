@@ -4,9 +4,9 @@ through the mover to the idle host, with every input applied exactly once across
 from __future__ import annotations
 
 from libs.contracts import Contract
-from tests.failover.conftest import eventually
 from tests.fence.invariants import check_log, read_log
 from tests.fleet.conftest import configure, holder
+from tests.support.waiting import eventually
 
 SIDS = ["r0", "r1", "r2"]
 # A block every 100 ms, as the stack's C1 sessions, but due 100 to a window: the profile model prices a

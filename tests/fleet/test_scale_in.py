@@ -7,11 +7,11 @@ import signal
 import time
 
 from libs.contracts import Guard
-from services.placement.policy import Release
+from services.placement.policy import StopHost
 from services.placement.provisioning.sim import SimProvisioner
-from tests.failover.conftest import eventually
 from tests.fence.invariants import check_log, read_log
 from tests.fleet.conftest import configure
+from tests.support.waiting import eventually
 
 ONE_EACH = Guard(max_sessions=1)
 
@@ -45,9 +45,9 @@ async def test_scale_in_never_drops_a_session_nor_releases_a_host_that_owns_one(
     # The release guard on its own: a draining host that owns a session is not given back.
     lead = stack.placements[0]
     await lead.reservations.set_state(placed["b"], "draining")
-    why = await lead.fleet.releasable(placed["b"])
+    why = await lead.fleet.stoppable(placed["b"])
     assert why in ("it holds 1 reservations", "its heartbeat shows 1 sessions", "it owns session b")
-    await lead.fleet._release(Release(host_id=placed["b"]))
+    await lead.fleet._stop_host(StopHost(host_id=placed["b"]))
     assert prov.managed() == set(hosts) and not stopped_with
     await lead.reservations.set_state(placed["b"], "up")
 

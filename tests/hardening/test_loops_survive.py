@@ -16,7 +16,8 @@ from libs.schemas.base import encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import AssignNotice, InputBatch
 from services.fence.gateway import CONSUMER
-from tests.fence.conftest import engine, fence, register, wait_for  # noqa: F401
+from tests.fence.conftest import engine, fence, register  # noqa: F401
+from tests.support.waiting import eventually
 
 
 async def test_the_gateway_consumer_skips_junk_and_releases_what_follows(nats_server, nc, fence):  # noqa: F811
@@ -35,7 +36,7 @@ async def test_the_gateway_consumer_skips_junk_and_releases_what_follows(nats_se
         # a valid batch that only the consumer sees (no ingress offered it)
         await js.publish(names.input_subject("g1"), encode(InputBatch(session_id="g1", items=[
             InputItem(session_id="g1", seq=1, kind="text", data=b'"hello"', accepted_at=time.time())])))
-        await wait_for(lambda: toy.state.get("g1") == [1])
+        await eventually(lambda: toy.state.get("g1") == [1])
         assert not fence.gateway._task.done()
     finally:
         await toy.stop()

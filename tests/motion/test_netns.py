@@ -89,7 +89,7 @@ def test_move_time_matches_the_calculator_within_15_percent(netns):
     bandwidth = admissibility.gbps(RATE_MBIT / 1000)
     for _ in range(3):
         got = move_once(*netns)
-        predicted = admissibility.t_migrate_s(admissibility.Move(
+        predicted = admissibility.t_migrate_s(admissibility.Transfer(
             state_bytes=got["wire_bytes"], dirty_rate_bps=0, horizon_s=3600, bandwidth_bps=bandwidth))
         error = abs(got["seconds"] - predicted) / predicted
         print(f"netns move: measured {got['seconds']:.3f}s predicted {predicted:.3f}s error {error:.1%}")
@@ -98,9 +98,9 @@ def test_move_time_matches_the_calculator_within_15_percent(netns):
     assert error <= 0.15
     # Each side of the gate: the calculator admits a horizon 20% above its prediction and the move
     # indeed fits; it rejects one 20% below, which the measured move indeed overruns.
-    fits = admissibility.evaluate(admissibility.Move(state_bytes=got["wire_bytes"], dirty_rate_bps=0,
+    fits = admissibility.evaluate(admissibility.Transfer(state_bytes=got["wire_bytes"], dirty_rate_bps=0,
                                                      horizon_s=1.2 * predicted, bandwidth_bps=bandwidth))
-    misses = admissibility.evaluate(admissibility.Move(state_bytes=got["wire_bytes"], dirty_rate_bps=0,
+    misses = admissibility.evaluate(admissibility.Transfer(state_bytes=got["wire_bytes"], dirty_rate_bps=0,
                                                        horizon_s=0.8 * predicted, bandwidth_bps=bandwidth))
     assert fits.admissible and got["seconds"] < 1.2 * predicted
     assert not misses.admissible and got["seconds"] > 0.8 * predicted

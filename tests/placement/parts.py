@@ -74,6 +74,7 @@ class Owners:
         self.views: dict[str, SessionView] = {}
         self.specs: dict[str, tuple[Contract, str]] = {}
         self.assigns: list[tuple[str, str, int]] = []
+        self.marks: list[tuple[str, int, str]] = []
 
     def own(self, session_id: str, host_id: str, version: int = 1) -> None:
         """The session claimed by `host_id` at `version` (and the `sf_sessions` hint says so)."""
@@ -100,6 +101,10 @@ class Owners:
 
     async def spec(self, session_id: str) -> tuple[Contract, str]:
         return self.specs[session_id]
+
+    async def mark(self, session_id: str, version: int, orphaned: str = "") -> None:
+        """Fence's orphan mark, kept as the hint shows it."""
+        self.marks.append((session_id, version, orphaned))
 
 
 class Reservations:

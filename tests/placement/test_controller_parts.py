@@ -50,15 +50,15 @@ async def test_a_move_to_a_full_receiver_is_not_asked_of_the_mover():
 async def test_a_host_is_released_only_when_fresh_reads_show_it_empty_and_it_is_fenced_drained():
     parts = Parts([host("h0"), host("h1")])
     fleet = parts.controller()
-    assert await fleet.releasable("h1") == "it is not draining"
+    assert await fleet.stoppable("h1") == "it is not draining"
     await parts.reservations.set_state("h1", "draining")
     parts.reserved("h1", "b")
-    assert "reservations" in await fleet.releasable("h1")
+    assert "reservations" in await fleet.stoppable("h1")
     await parts.reservations.release("h1", ["b"])
     parts.owners.own("c", "h1")
-    assert await fleet.releasable("h1") == "it owns session c"
+    assert await fleet.stoppable("h1") == "it owns session c"
     parts.owners.own("c", "h0", 2)
-    assert await fleet.releasable("h1") == ""
+    assert await fleet.stoppable("h1") == ""
     assert parts.reservations.record("h1").state == "drained"  # from now on nothing can be placed there
 
 
@@ -74,7 +74,7 @@ async def test_a_record_that_changed_after_the_checks_is_not_fenced():
         return got
 
     parts.reservations.read = read_then_change  # type: ignore[method-assign]
-    assert await fleet.releasable("h1") == "its record changed meanwhile"
+    assert await fleet.stoppable("h1") == "its record changed meanwhile"
     assert parts.reservations.record("h1").state == "draining"
 
 

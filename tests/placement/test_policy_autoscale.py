@@ -6,7 +6,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.placement.policy import Drain, Move, Release, ScaleOut, decide
+from services.placement.policy import Drain, Move, ScaleOut, StopHost, decide
 from services.placement.policy.plan import Plan
 from services.placement.policy.rebalance import drain_moves
 from tests.placement.policy_fleet import PARAMS, fleet, sess
@@ -43,7 +43,7 @@ def test_scale_in_drains_the_least_loaded_host_and_releases_an_empty_one_at_once
     f = fleet({"h0": [sess("a", "h0", floor=4)], "h1": [], "h2": [sess("b", "h2", floor=4), sess("c", "h2", floor=4)]})
     d = decide(f, P, rebalancing=False)
     assert [a.host_id for a in kinds(d, Drain)] == ["h1", "h0"]  # empty first, then least busy
-    assert [a.host_id for a in kinds(d, Release)] == ["h1"]  # h0 still owns "a"
+    assert [a.host_id for a in kinds(d, StopHost)] == ["h1"]  # h0 still owns "a"
 
 
 def test_a_draining_host_is_emptied_by_live_moves_then_released():
@@ -55,9 +55,9 @@ def test_a_draining_host_is_emptied_by_live_moves_then_released():
             moved = next(s for s in on[m.src] if s.session_id == m.session_id)
             on[m.src].remove(moved)
             on[m.dst].append(msgspec.structs.replace(moved, host_id=m.dst, moves=(1000.0,)))
-        if kinds(d, Release):
+        if kinds(d, StopHost):
             break
-    assert [a.host_id for a in kinds(d, Release)] == ["h0"]
+    assert [a.host_id for a in kinds(d, StopHost)] == ["h0"]
     assert sorted(s.session_id for s in on["h1"]) == ["a", "b", "c"]
 
 
@@ -92,12 +92,12 @@ def test_scale_in_never_drops_a_session_nor_releases_a_host_that_owns_one(spec, 
     states = {hid: s for hid, (s, _) in spec.items()}
     f = fleet(on, states=states)
     d = decide(f, p)
-    released = {a.host_id for a in kinds(d, Release)}
+    released = {a.host_id for a in kinds(d, StopHost)}
     for s in f.sessions:
         assert s.host_id not in released, f"{s.session_id} ({s.state}) would be stranded on {s.host_id}"
     moved_to = {a.dst for a in kinds(d, Move)}
     assert not released & moved_to
-    assert not any(isinstance(a, Release) and states.get(a.host_id) == "up" and on[a.host_id] for a in d.actions)
+    assert not any(isinstance(a, StopHost) and states.get(a.host_id) == "up" and on[a.host_id] for a in d.actions)
 
 
 def test_a_short_pre_warmed_pool_asks_for_hosts_even_at_low_utilisation():

@@ -16,7 +16,6 @@ import msgspec
 import structlog
 
 from libs.schemas.common import SessionSummary
-from libs.schemas.fence import SessionView
 from services.placement.liveness import Liveness
 from services.placement.sweeper import Sweeper
 from tests.admission.fleet import host
@@ -30,9 +29,6 @@ class Owners(FakeOwners):
     async def assign(self, session_id: str, host_id: str, *, expect_version: int, incarnation: str) -> None:
         await super().assign(session_id, host_id, expect_version=expect_version, incarnation=incarnation)
         self.views[session_id] = msgspec.structs.replace(self.views[session_id], incarnation=incarnation)
-
-    async def summarize(self, session_id: str, view: SessionView, **fields: str) -> None:
-        return None
 
 
 async def test_a_restarted_process_does_not_keep_its_predecessors_sessions():

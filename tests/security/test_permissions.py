@@ -16,11 +16,14 @@ import pytest
 from libs import bus, bus_auth, errors, names
 from libs.fence import ownership
 from libs.fence.client import EngineClient
-from libs.schemas.base import encode
+from libs.schemas.base import decode, encode
+from libs.schemas.common import SessionSummary
 from libs.schemas.fence import (
     AssignNotice,
     Claim,
     LogRecord,
+    MarkReply,
+    MarkRequest,
     Owner,
     RegisterReply,
     RegisterRequest,
@@ -252,17 +255,28 @@ async def test_admission_follows_moves_in_flight_and_their_receipts(nats_server,
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def test_only_the_summarys_writers_may_put_into_the_sessions_hint(nats_server, fence_as_fence, probes):
-    """`sf_sessions` is written by fence (a new session's first summary, then after each append) and
-    placement (orphans); an engine host, the mover and admission only read it."""
-    for user in ("engine.e0", "mover"):
+async def test_only_fence_may_put_into_the_sessions_hint(nats_server, fence_as_fence, probes):
+    """`sf_sessions` is written by fence only (a new session's first summary, one after each append, and
+    placement's orphan marks, asked for with `sf.fence.mark`); engine hosts, the mover and placement only read it."""
+    for user in ("engine.e0", "mover", "placement"):
         p = await probes(user)
         await p.nc.publish(f"$KV.{names.SESSIONS_BUCKET}.s", b"forged summary")
         await p.refused(f'Publish to "$KV.{names.SESSIONS_BUCKET}.s"')
-    writer = await probes("placement")
-    await writer.nc.publish(f"$KV.{names.SESSIONS_BUCKET}.s", b"a summary")
-    await writer.nc.flush()
-    assert not any(names.SESSIONS_BUCKET in v for v in writer.violations)
+    # The positive control: placement's orphan mark, asked of fence, lands (written by fence).
+    admission = await bus.connect(nats_server.url_for("admission"), name="admission")
+    placement = await bus.connect(nats_server.url_for("placement"), name="placement")
+    try:
+        await bus.request(admission, names.FENCE_REGISTER, RegisterRequest(session_id="s", backend="toy", seed=1),
+                          RegisterReply)
+        assigned = await ownership.assign(admission, "s", "e0")
+        reply = await bus.request(placement, names.FENCE_MARK, MarkRequest(
+            session_id="s", version=assigned.version, orphaned="waiting for room (no live host)"), MarkReply)
+        assert reply.state == "orphaned"
+        kv = await placement.jetstream().key_value(names.SESSIONS_BUCKET)
+        assert decode((await kv.get("s")).value, SessionSummary).state == "orphaned"
+    finally:
+        await placement.close()
+        await admission.close()
 
 
 async def test_admission_only_reads_the_sessions_hint(nats_server, fence_as_fence, probes):

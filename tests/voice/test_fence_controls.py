@@ -14,7 +14,8 @@ import pytest
 
 from libs.fence import ownership, session_log
 from libs.fence.client import EngineClient
-from tests.fence.conftest import post, register, start_fence, stored_items, wait_for
+from tests.fence.conftest import post, register, start_fence, stored_items
+from tests.support.waiting import eventually
 from tests.voice.conftest import BACKEND
 from tests.voice.helpers import tone
 
@@ -92,12 +93,12 @@ async def test_a_clear_overtakes_an_owners_full_queue(nc, voice_fence, http):
         await lease.report_applied(0)  # and saying so: its credit stays UNAPPLIED items
         for _ in range(12):
             assert (await post(http, voice_fence, "vq1", token, audio()))[0] == 200
-        await wait_for(lambda: lease.backlog == UNAPPLIED)
+        await eventually(lambda: lease.backlog == UNAPPLIED)
         await asyncio.sleep(0.2)
         assert (await session_log.read_tail(nc.jetstream(), "vq1")).view.released == UNAPPLIED  # held
         status, body = await post(http, voice_fence, "vq1", token, {"kind": "clear", "data": {}})
         assert (status, body["seq"]) == (200, 13)
-        await wait_for(lambda: lease.backlog == 13)  # released through the clear, nothing applied
+        await eventually(lambda: lease.backlog == 13)  # released through the clear, nothing applied
         got = []
 
         async def take() -> None:

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from libs.rtc_viewer import RtcViewer
-from tests.failover.conftest import Stack
+from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
 pytest.importorskip("aiortc", reason="the webrtc extra (`make install` installs it)")

@@ -1,7 +1,7 @@
 """Fleet policies as pure, deterministic functions over a typed fleet snapshot.
 
 `decide(fleet, params)` returns one decision's typed actions (Place, Move, ScaleOut, Drain,
-Release, Suspend, Resume) and the refusals behind what it could not do; the placement service
+StopHost, Suspend, Resume) and the refusals behind what it could not do; the placement service
 applies the actions and the fleet simulator (`bench/fleet.py`) replays them. The parts are
 public too, for callers (and baselines) that compose them differently.
 """
@@ -13,9 +13,9 @@ from services.placement.policy.actions import (
     Move,
     Place,
     Refusal,
-    Release,
     Resume,
     ScaleOut,
+    StopHost,
     Suspend,
 )
 from services.placement.policy.decide import decide, react
@@ -23,4 +23,4 @@ from services.placement.policy.params import Params
 from services.placement.policy.snapshot import Fleet, Host, HostState, PathRates, Session, SessionState
 
 __all__ = ["Action", "Decision", "Drain", "Fleet", "Host", "HostState", "Move", "Params", "PathRates", "Place",
-           "Refusal", "Release", "Resume", "ScaleOut", "Session", "SessionState", "Suspend", "decide", "react"]
+           "Refusal", "Resume", "ScaleOut", "Session", "SessionState", "StopHost", "Suspend", "decide", "react"]

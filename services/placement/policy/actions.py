@@ -33,7 +33,7 @@ class Drain(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     host_id: str
 
 
-class Release(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+class StopHost(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     host_id: str  # owns no session and expects none: safe to stop
 
 
@@ -49,7 +49,7 @@ class Resume(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     state_bytes: int
 
 
-Action = Place | Move | ScaleOut | Drain | Release | Suspend | Resume
+Action = Place | Move | ScaleOut | Drain | StopHost | Suspend | Resume
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):

@@ -22,7 +22,7 @@ import math
 
 from libs.contracts import demand
 from services.placement.policy import latency
-from services.placement.policy.actions import Drain, Release, ScaleOut, Scaling
+from services.placement.policy.actions import Drain, ScaleOut, Scaling, StopHost
 from services.placement.policy.plan import HostLoad, Plan
 from services.placement.policy.snapshot import Session
 
@@ -80,9 +80,9 @@ def owners(plan: Plan) -> set[str]:
     return out
 
 
-def releases(plan: Plan) -> list[Release]:
+def stops(plan: Plan) -> list[StopHost]:
     owned = owners(plan)
-    return [Release(host_id=hl.host_id) for hl in sorted(plan.loads.values(), key=lambda h: h.host_id)
+    return [StopHost(host_id=hl.host_id) for hl in sorted(plan.loads.values(), key=lambda h: h.host_id)
             if hl.host.state in ("draining", "drained") and hl.host_id not in owned]
 
 
@@ -114,11 +114,11 @@ def measure(plan: Plan, queued: list[Session]) -> Scaling:
                    idle_hosts=idle_hosts, queued=len(queued))
 
 
-def autoscale(plan: Plan, queued: list[Session]) -> tuple[list[ScaleOut | Drain | Release], Scaling]:
+def autoscale(plan: Plan, queued: list[Session]) -> tuple[list[ScaleOut | Drain | StopHost], Scaling]:
     p, fleet = plan.params, plan.fleet
     m = measure(plan, queued)
     owned = owners(plan)
-    out: list[ScaleOut | Drain | Release] = []
+    out: list[ScaleOut | Drain | StopHost] = []
     above, below = (p.cap_fill, p.cap_scale_in_below) if p.latency_cap_ms > 0 else (p.scale_out_above,
                                                                                   p.scale_in_below)
     short = m.util > above or bool(queued) or m.idle_hosts < m.pool
@@ -132,8 +132,8 @@ def autoscale(plan: Plan, queued: list[Session]) -> tuple[list[ScaleOut | Drain 
         for hl in _drain_order(plan.open_loads(), owned)[: m.hosts - m.want]:
             out.append(Drain(host_id=hl.host_id))
             if hl.host_id not in owned:
-                out.append(Release(host_id=hl.host_id))
-    return out + releases(plan), m
+                out.append(StopHost(host_id=hl.host_id))
+    return out + stops(plan), m
 
 
 def _drain_order(opens: list[HostLoad], owned: set[str]) -> list[HostLoad]:

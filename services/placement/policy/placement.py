@@ -121,7 +121,7 @@ class Placer:
         if rate <= 0:
             return False
         p = self.plan.params
-        return admissibility.evaluate(admissibility.Move(
+        return admissibility.evaluate(admissibility.Transfer(
             state_bytes=s.state_bytes, dirty_rate_bps=s.dirty_rate_bps, horizon_s=p.move_horizon_s,
             bandwidth_bps=rate, setup_s=p.move_setup_s)).admissible
 

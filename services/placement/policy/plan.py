@@ -238,7 +238,7 @@ class Plan:
 
     def move_verdict(self, s: Session, src: HostLoad, dst: HostLoad) -> admissibility.MoveVerdict:
         p = self.params
-        return admissibility.evaluate(admissibility.Move(
+        return admissibility.evaluate(admissibility.Transfer(
             state_bytes=s.state_bytes, dirty_rate_bps=s.dirty_rate_bps, horizon_s=p.move_horizon_s,
             bandwidth_bps=self.fleet.paths.rate(src.host, dst.host), setup_s=p.move_setup_s))
 

@@ -1,0 +1,77 @@
+"""The `sf_sessions` hint (`SessionSummary`, what `statefleet status` shows), written by fence only.
+
+Fence writes a session's first summary as it registers it, a fresh one after each append it makes to
+the log, and placement's orphan marks, which placement asks for with `sf.fence.mark`: so the hint
+has one writer, and `libs/bus_auth.py` lets only fence put into it. A summary is a display hint,
+never authority; failing to write one only costs freshness.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from libs import bus, errors, names
+from libs.fence import core, session_log
+from libs.schemas.base import decode, encode
+from libs.schemas.common import SessionSummary
+from libs.schemas.fence import MarkReply, MarkRequest, SessionView
+
+_log = structlog.get_logger("statefleet.fence.summaries")
+
+
+async def first_summary(js: JetStreamContext, session_id: str, *, backend: str, session_class: str) -> None:
+    """A session's first summary, as fence registers it: the hint names its backend and class from then on."""
+    kv = await js.key_value(names.SESSIONS_BUCKET)
+    await kv.put(session_id, encode(SessionSummary(session_id=session_id, backend=backend,
+                                                   session_class=session_class, state="pending",
+                                                   updated_at=time.time())))
+
+
+async def update_summary(js: JetStreamContext, session_id: str, view: SessionView, **fields: str) -> str:
+    """Refresh the session's summary from the log's `view` (`fields` override it: a state and its
+    reason); the state written, "" when the write failed."""
+    try:
+        kv = await js.key_value(names.SESSIONS_BUCKET)
+        summary = await _read(kv, session_id)
+        owner = view.owner
+        summary.owner_server_id = owner.server_id if owner else ""
+        summary.owner_version = owner.version if owner else 0
+        summary.claimed = core.current_owner(view) is not None
+        summary.owner_incarnation = view.incarnation
+        summary.state = "closed" if view.closed else ("serving" if summary.claimed else
+                                                       "assigned" if owner else "pending")
+        summary.reason = ""  # a state's reason is the writer's to give with it
+        for key, value in fields.items():
+            setattr(summary, key, value)
+        summary.updated_at = time.time()
+        await kv.put(session_id, encode(summary))
+        return summary.state
+    except Exception as e:  # a hint: whatever failed, the log is unchanged and the next update rewrites it
+        _log.warning("session_summary_failed", session_id=session_id, error=str(e) or type(e).__name__)
+        return ""
+
+
+async def _read(kv: KeyValue, session_id: str) -> SessionSummary:
+    """The summary as it stands; a fresh one when there is none or it does not decode (it is rewritten)."""
+    entry = await bus.kv_read(kv, session_id)
+    try:
+        return decode(entry.value or b"", SessionSummary) if entry is not None else SessionSummary(session_id=session_id)
+    except errors.SchemaError:
+        return SessionSummary(session_id=session_id)
+
+
+async def mark(js: JetStreamContext, req: MarkRequest) -> MarkReply:
+    """`sf.fence.mark`: placement found no room for the session at owner version `req.version`. Marked
+    orphaned only while the log still shows that version, open: a session reassigned or closed since
+    placement looked is summarized as the log shows it, so a late mark never hides a newer owner."""
+    view = (await session_log.read_tail(js, session_log.check_session_id(req.session_id))).view
+    version = view.owner.version if view.owner else 0
+    if req.orphaned and version == req.version and not view.closed:
+        state = await update_summary(js, req.session_id, view, state="orphaned", reason=req.orphaned)
+    else:
+        state = await update_summary(js, req.session_id, view)
+    return MarkReply(session_id=req.session_id, state=state)

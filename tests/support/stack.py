@@ -1,0 +1,170 @@
+"""The in-process stack stack tests share (issue 22: one builder, not one per folder): fence, placement
+instances and the mover in this process on the per-test nats-server, engine hosts as their own processes
+(so a test can SIGKILL, SIGSTOP or restart one). Failover, fleet, backend and WebRTC tests build on it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import msgspec
+
+from libs import bus, errors, names
+from libs.contracts import Contract, Guard
+from libs.fence.ownership import assign, read_owner
+from libs.schemas.common import Ping, Pong
+from libs.schemas.engine import SessionInfo, SessionRef
+from libs.schemas.fence import RegisterReply, RegisterRequest
+from libs.schemas.placement import Placement, PlaceRequest
+from services.fence.service import FenceConfig, FenceService
+from services.mover.service import MoverConfig, MoverService
+from services.placement.service import PlacementConfig, PlacementService
+from tests.support.waiting import eventually
+
+# The avatar's own rate (400 ms of media per block), not a 100 ms period: a stack test that is not about
+# capacity needs wide headroom, and its sessions share one CPU device across all its engine hosts; at 100 ms
+# three avatar sessions read `busy` on a loaded 2-core machine and a fourth found no host (issue 22).
+CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=400.0)
+
+
+class EngineProc:
+    """`statefleet serve engine_host` as `statefleet up` runs it, with quick checkpoints for the tests."""
+
+    def __init__(self, url: str, host_id: str, tmp: Path, config: Path | None = None, **env: str) -> None:
+        self.url, self.host_id, self.tmp, self.config, self.env = url, host_id, tmp, config, env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> EngineProc:
+        env = {**os.environ, "SF_NATS_URL": self.url, "SF_HOST_ID": self.host_id, "SF_INSTANCE_ID": self.host_id,
+               "SF_PROFILE_BLOCKS": "1", "SF_TORCH_THREADS": "1", "SF_CHECKPOINT_DIR": str(self.tmp / "ckpt"),
+               "SF_CHECKPOINT_EVERY_S": "0.5", "SF_ORPHAN_GRACE_S": "1.0", "SF_LOG_JSON": "true", **self.env}
+        log = open(self.tmp / f"{self.host_id}.log", "ab")  # noqa: SIM115 - the child owns it
+        args = [sys.executable, "-m", "statefleet", "serve", "engine_host"]
+        if self.config is not None:  # a TOML file for what the environment cannot say (tables)
+            args += ["--config", str(self.config)]
+        self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Stack:
+    def __init__(self, nc, url: str, tmp: Path) -> None:
+        self.nc, self.js, self.url, self.tmp = nc, nc.jetstream(), url, tmp
+        self.services: list = []
+        self.engines: dict[str, EngineProc] = {}
+        self.tokens: dict[str, str] = {}
+
+    async def start(self, placements: int = 2, **placement_cfg) -> None:
+        self.fence = await self._service(FenceService(FenceConfig(nats_url=self.url, http_port=0, log_json=False)))
+        self.placements = []
+        for i in range(placements):
+            # The fleet controller stays off unless a test turns it on: these tests place by first fit and
+            # count the moves they ask for themselves.
+            cfg = dict(nats_url=self.url, instance_id=f"placement-{i}", sweep_s=0.5, log_json=False,
+                       fleet_control=False) | placement_cfg
+            self.placements.append(await self._service(PlacementService(PlacementConfig(**cfg))))
+        self.mover = await self._service(MoverService(MoverConfig(nats_url=self.url, log_json=False)))
+
+    async def _service(self, svc):
+        await svc.start()
+        self.services.append(svc)
+        return svc
+
+    async def engines_up(self, *host_ids: str, config: Path | None = None, **env: str) -> None:
+        """Start engine-host processes and wait until each answers its ping (its heartbeat is in by then)."""
+        for h in host_ids:
+            self.engines[h] = EngineProc(self.url, h, self.tmp, config, **env).start()
+        for h in host_ids:
+            await eventually(lambda h=h: self.answers(h), 180, what=f"{h} answers")  # start-up profiles itself: slow under load
+            await eventually(lambda h=h: self.placements_see(h), 10)
+
+    async def placements_see(self, host_id: str) -> bool:
+        return all(p.liveness.entry(host_id) is not None for p in self.placements if not p._stopping.is_set())
+
+    async def answers(self, host_id: str) -> bool:
+        try:
+            await bus.request(self.nc, names.engine_subject(host_id, "ping"), Ping(), Pong, timeout_s=0.5)
+            return True
+        except errors.StatefleetError:
+            return False
+
+    async def create(self, sid: str, guard: Guard | None = None, contract: Contract = CONTRACT,
+                     backend: str = "avatar") -> Placement:
+        """Register, place and assign a session as admission does."""
+        req = RegisterRequest(session_id=sid, backend=backend, seed=3, prompt="narrator",
+                              contract=msgspec.msgpack.encode(contract), tier=1)
+        self.tokens[sid] = (await bus.request(self.nc, names.FENCE_REGISTER, req, RegisterReply)).token
+        placement = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
+            session_id=sid, backend=backend, contract=contract, guard=guard or Guard()), Placement)
+        await assign(self.nc, sid, placement.host_id, incarnation=placement.incarnation)
+        await eventually(lambda: self.claimed_by(sid, placement.host_id))
+        return placement
+
+    async def send(self, sid: str, first: int, last: int) -> None:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{self.fence.http_port}",
+                                         timeout=aiohttp.ClientTimeout(total=20)) as http:
+            for i in range(first, last + 1):
+                async with http.post(f"/v1/sessions/{sid}/items", json={"kind": "text", "data": f"item {i}"},
+                                     headers={"Authorization": f"Bearer {self.tokens[sid]}"}) as resp:
+                    assert resp.status == 200, await resp.text()
+                    assert (await resp.json())["seq"] == i
+
+    async def owner(self, sid: str):
+        view = (await read_owner(self.js, sid)).view
+        return view if view.claim is not None and view.claim == view.owner else None
+
+    async def claimed_by(self, sid: str, host_id: str | None = None, min_version: int = 1):
+        view = await self.owner(sid)
+        if view is None or view.owner.version < min_version:
+            return None
+        return view if host_id is None or view.owner.server_id == host_id else None
+
+    async def info(self, host_id: str, sid: str) -> SessionInfo | None:
+        try:
+            return await bus.request(self.nc, names.engine_subject(host_id, "info"), SessionRef(session_id=sid),
+                                     SessionInfo, timeout_s=2.0)
+        except errors.StatefleetError:
+            return None
+
+    async def consumed(self, sid: str, n: int) -> SessionInfo | None:
+        """The owner's info once its state has folded in items 1..n (the runtime refuses gaps and duplicates)."""
+        view = await self.owner(sid)
+        if view is None:
+            return None
+        info = await self.info(view.owner.server_id, sid)
+        return info if info is not None and info.consumed_seq == n and info.input_cursor == n else None
+
+    async def stop(self) -> None:
+        for e in self.engines.values():
+            e.stop()
+        for svc in reversed(self.services):
+            if not svc._stopping.is_set():
+                await svc.stop()
+
+
+async def crash(svc) -> None:
+    """A service instance dies: its tasks stop where they are and its connection drops without goodbyes."""
+    svc._stopping.set()
+    for task in svc._tasks:
+        task.cancel()
+    await asyncio.gather(*svc._tasks, return_exceptions=True)
+    await svc.nc.close()
