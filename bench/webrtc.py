@@ -108,7 +108,7 @@ async def view(browser, stack: UpStack, created: dict, transport: str, seconds: 
 
 
 def breakdown(stamps: dict, shown: dict, published: dict[int, float], wall0: float, buf0, buf1) -> dict:
-    """Where a WebRTC block's glass-to-glass time goes (medians, ms): bus to fence (its frames whole there),
+    """Where a WebRTC block's glass-to-glass time goes (medians, ms): bus to fence (its first frame chunk there),
     fence's playout (to its first frame handed to the encoder), encoder to presented; and each inbound
     stream's mean jitter-buffer delay over the window (Chromium's getStats)."""
     rows = [(published[int(b)], s[0], s[1], shown[b]) for b, s in stamps.items()

@@ -45,7 +45,8 @@ LATE_DROP_S = 0.25  # a frame the encoder could not take within this of its time
 class _Frame:
     at: float  # wall time (loop clock) it is due
     pts: int  # 90 kHz
-    image: np.ndarray  # [H, W, 3]
+    image: np.ndarray  # in `pixel_format` (rtc_blocks.BlockMedia): shared by every viewer of the block, never written
+    pixel_format: str
     block: int
     starts: BlockMedia | None  # on the first frame of a block: its media (the data-channel message goes with it)
 
@@ -90,8 +91,8 @@ class Playout:
                 del self.starts[b]
             for i in range(n):
                 at = start + i * step
-                self.frames.append(_Frame(at, round((at - self.origin) * VIDEO_CLOCK), media.frames[i], media.block,
-                                          media if i == 0 else None))
+                self.frames.append(_Frame(at, round((at - self.origin) * VIDEO_CLOCK), media.frames[i],
+                                          media.pixel_format, media.block, media if i == 0 else None))
         elif media.block in self.starts:
             samples = media.audio
             assert samples is not None  # a block placed for its audio has audio
@@ -175,7 +176,7 @@ class BlockVideoTrack(MediaStreamTrack):
 
     async def recv(self) -> av.VideoFrame:
         frame = await self.playout.next_frame()
-        out = av.VideoFrame.from_ndarray(frame.image, format="rgb24")
+        out = av.VideoFrame.from_ndarray(frame.image, format=frame.pixel_format)  # a copy: this viewer's pts
         out.pts, out.time_base = frame.pts, fractions.Fraction(1, VIDEO_CLOCK)
         return out
 
