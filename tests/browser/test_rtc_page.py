@@ -1,6 +1,7 @@
 """The session page over WebRTC in Chromium, on loopback only: it picks WebRTC and says so, shows moving
 video and plays audio from the tracks, takes input over the data channel, and keeps its one peer
-connection through a live move (owner v2 shown, blocks go on, none repeated); with WebRTC refused it
+connection through a live move (owner v2 shown, blocks go on, none repeated, the new blocks' frames presented
+and changing); with WebRTC refused it
 falls back to the sockets and says why."""
 
 from __future__ import annotations
@@ -86,7 +87,15 @@ async def test_a_live_move_keeps_the_peer_connection(stack, rtc_page):
     await live_move(stack, sid, other)
     await page.wait_for_function(f"() => window.sfPage.owner.server_id === '{other}' && window.sfPage.owner.version > 1 "
                                  "&& window.sfPage.owner.claimed", timeout=WAIT_MS)
+    moved = await page.evaluate("window.sfPage.lastBlock")  # announced before the new owner was shown
     await page.wait_for_function(f"() => window.sfPage.blocksShown >= {before + 4}", timeout=WAIT_MS)
+    # Not frozen: frames of the blocks after the move reach the screen, and what they show changes.
+    await page.wait_for_function(
+        f"() => Object.keys(window.sfPage.rtc.timing.shownAt).filter((b) => +b > {moved}).length >= 2", timeout=WAIT_MS)
+    first = await video_pixels(page)
+    shown = await page.evaluate("window.sfPage.rtc.timing.presented")
+    await page.wait_for_function(f"() => window.sfPage.rtc.timing.presented >= {shown + 10}", timeout=WAIT_MS)
+    assert first != await video_pixels(page), "the video after the move should move"
     state = await page.evaluate("""() => ({peer: window.sfPage.rtc.peerId, state: window.sfPage.rtc.pc.connectionState,
         transport: window.sfPage.transport, reconnects: window.sfPage.reconnects, replays: window.sfPage.replays})""")
     assert state == {"peer": peer, "state": "connected", "transport": "WebRTC", "reconnects": 0, "replays": 0}, state
