@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fractions
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class Playout:
         self.first_pts: int | None = None  # the first frame handed to the encoder (its RTP timestamp's origin)
         self.cut_frames = 0  # frames not played because the media queued before a new block was cut
         self.skipped_blocks = 0  # blocks of those cut whole (never announced)
+        self.levels: list[tuple[int, int]] = []  # (first sample, RFC 6464 level) of audio frames sent, not yet announced
         self.wake = asyncio.Event()
         self.closed = False
 
@@ -204,7 +206,16 @@ class BlockAudioTrack(MediaStreamTrack):
         if p.closed:
             raise MediaStreamError
         samples = p.audio_at(self.sample, AUDIO_FRAME)
+        p.levels.append((self.sample, audio_level(samples)))
         out = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         out.sample_rate, out.pts, out.time_base = AUDIO_RATE, self.sample, fractions.Fraction(1, AUDIO_RATE)
         self.sample += AUDIO_FRAME
         return out
+
+
+def audio_level(samples: np.ndarray) -> int:
+    """The frame's level as aiortc's sender puts it in each packet's RFC 6464 header extension (-dBov,
+    0 loudest to 127 silent): a viewer that sees the levels played (getSynchronizationSources) finds by
+    them which sample each audio RTP timestamp carries, which the RTP timestamps alone do not tell."""
+    rms = float(np.sqrt(np.mean(samples.astype(np.float64) ** 2))) / 32767 if samples.size else 0.0
+    return -round(min(0.0, max(-127.0, 20 * math.log10(rms)))) if rms > 0 else 127

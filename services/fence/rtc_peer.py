@@ -11,13 +11,15 @@ Data-channel messages from here (JSON text):
     {"hello": {"peer_id", "session_id"}}                     once it opens
     {"owner": {"server_id", "version", "claimed", "closed"}}  on open and on every change
     {"block": {"index", "owner": [server_id, version], "input_seq", "media_s", "frames", "pts",
-               "step_pts", "arrived_at", "sent_at", "replays_dropped", "skipped_blocks", "cut_frames"}}
+               "step_pts", "arrived_at", "sent_at", "replays_dropped", "skipped_blocks", "cut_frames", "levels"}}
         when the block's first frame goes to the encoder; `pts` is its first frame's video timestamp
         (90 kHz, from this connection's origin), `first_pts` that of the first frame this connection sent
         (null until one was: a viewer maps RTP timestamps to these by it), `arrived_at` / `sent_at` wall-clock seconds
         (time.time()) when its first frame chunk came here and when its first frame was sent;
         `cut_frames` counts frames not played to keep latency from building up, `skipped_blocks` the blocks
-        of those cut whole (rtc_media.py)
+        of those cut whole (rtc_media.py); `levels` [[sample, level], ...] the audio frames sent since the
+        last message: first sample (16 kHz, from the same origin as `pts`) and the RFC 6464 level in their
+        packets, by which a viewer maps audio RTP timestamps to media time (rtc_media.audio_level)
     {"ack": ...}                                             answers to input (rtc_input.py)
 """
 
@@ -146,7 +148,9 @@ class Peer:
             "step_pts": round(media.media_s / n * VIDEO_CLOCK) if n and media.media_s > 0 else 0,
             "arrived_at": media.arrived_at, "sent_at": time.time(),
             "replays_dropped": self.feed.blocks.replays_dropped if self.feed else 0,
-            "skipped_blocks": self.playout.skipped_blocks, "cut_frames": self.playout.cut_frames}}))
+            "skipped_blocks": self.playout.skipped_blocks, "cut_frames": self.playout.cut_frames,
+            "levels": self.playout.levels}}))
+        self.playout.levels = []
 
     def text(self, data: str | bytes) -> None:
         """Send one message on the data channel (owner messages wait for it to open); a viewer whose

@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import pytest_asyncio
 
+from bench import webrtc_sync
 from tests.browser.conftest import ADMIN_TOKEN, session_page_in
 from tests.webrtc.conftest import live_move
 
@@ -65,6 +66,9 @@ async def test_the_page_plays_a_session_over_webrtc(rtc_page, artifacts):
         (await window.sfPage.rtc.pc.getStats()).forEach((s) => {
             if (s.type === 'inbound-rtp' && s.kind === 'audio') energy += s.totalAudioEnergy || 0; });
         return energy > 0; }""", timeout=WAIT_MS, polling=250)
+    sync = await page.evaluate("(({sound, levels, frames}) => ({sound, levels, frames}))(window.sfPage.rtc.timing)")
+    assert webrtc_sync.audio_offset(sync["sound"], sync["levels"]) is not None, \
+        "the levels played tie the audio's RTP timestamps to the levels fence sent (A/V sync is measurable)"
 
     await page.fill("#say", "good morning")
     await page.press("#say", "Enter")
