@@ -70,7 +70,9 @@ class Playout:
         self.first_pts: int | None = None  # the first frame handed to the encoder (its RTP timestamp's origin)
         self.cut_frames = 0  # frames not played because the media queued before a new block was cut
         self.skipped_blocks = 0  # blocks of those cut whole (never announced)
-        self.levels: list[tuple[int, int]] = []  # (first sample, RFC 6464 level) of audio frames sent, not yet announced
+        # (first sample, RFC 6464 level) of the audio frames sent and not yet announced; the latest 2 s only,
+        # so audio that plays on while no block comes (silence) does not pile up
+        self.levels: collections.deque[tuple[int, int]] = collections.deque(maxlen=100)
         self.wake = asyncio.Event()
         self.closed = False
 

@@ -149,8 +149,8 @@ class Peer:
             "arrived_at": media.arrived_at, "sent_at": time.time(),
             "replays_dropped": self.feed.blocks.replays_dropped if self.feed else 0,
             "skipped_blocks": self.playout.skipped_blocks, "cut_frames": self.playout.cut_frames,
-            "levels": self.playout.levels}}))
-        self.playout.levels = []
+            "levels": list(self.playout.levels)}}))
+        self.playout.levels.clear()
 
     def text(self, data: str | bytes) -> None:
         """Send one message on the data channel (owner messages wait for it to open); a viewer whose
