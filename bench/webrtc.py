@@ -10,8 +10,12 @@ Per path (keys under `webrtc` and `websocket`, medians over rounds of each round
   frame presented in the page (WebRTC: requestVideoFrameCallback's presentationTime, mapped to the block
   by the data channel's timestamps; WebSocket: the canvas draw). Same machine, one clock.
 - frame_interval_jitter_ms_p95: |presentation interval - media interval| of consecutive frames.
-- av_skew_ms_p95: WebRTC: |audio - video| estimatedPlayoutTimestamp of the inbound streams (getStats,
-  sampled every 250 ms); WebSocket: |audio start - first frame| as the page schedules each block.
+- av_skew_ms_p95: WebRTC: |when a moment of the media was heard - when it was seen| for each audio packet
+  played, the audio's RTP timestamps tied to media time by the levels fence sent (bench/webrtc_sync.py);
+  `av_skew_ms_p50_signed` its median with sign (positive: sound after picture), and, for comparison,
+  `av_skew_estimated_ms_p95` the |audio - video| estimatedPlayoutTimestamp of the inbound streams (getStats,
+  sampled every 250 ms: the browser's own view, on the sender's clock of sending). WebSocket: |audio start -
+  first frame| as the page schedules each block.
 - bytes_per_s: bytes the viewer received per second (WebRTC: transport bytesReceived; WebSocket: the
   output socket's messages).
 - cpu_ms_per_frame: fence's process CPU time over the window / frames presented.
@@ -31,7 +35,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import webrtc_floor
+from bench import webrtc_floor, webrtc_sync
 from bench.common import parser, percentile, table, write
 from bench.stack import UpStack
 from libs import bus, names
@@ -41,6 +45,7 @@ from libs.schemas.engine import OutputChunk
 PERIOD_MS = 400.0  # the avatar's block: 10 frames at 25 fps
 KEYS = ("glass_to_glass_ms_p50", "glass_to_glass_ms_p95", "frame_interval_jitter_ms_p95", "av_skew_ms_p95",
         "bytes_per_s", "cpu_ms_per_frame")
+SYNC = ("av_skew_ms_p50_signed", "av_skew_estimated_ms_p95")
 STAGES = ("stage_bus_to_fence_ms_p50", "stage_fence_playout_ms_p50", "stage_encoder_to_presented_ms_p50",
           "jitter_buffer_video_ms", "jitter_buffer_audio_ms")
 SAMPLE_JS = """async () => {
@@ -57,7 +62,8 @@ SAMPLE_JS = """async () => {
 TIMING_JS = """() => {
     const p = window.sfPage, t = p.rtc ? p.rtc.timing : p.timing;
     return {shownAt: t.shownAt, frames: t.frames, skews: p.timing.skews, transport: p.transport,
-            unmatched: p.rtc ? p.rtc.timing.unmatched : 0, stamps: p.rtc ? p.rtc.timing.stamps : {}};
+            unmatched: p.rtc ? p.rtc.timing.unmatched : 0, stamps: p.rtc ? p.rtc.timing.stamps : {},
+            sound: p.rtc ? p.rtc.timing.sound : [], levels: p.rtc ? p.rtc.timing.levels : []};
 }"""
 
 
@@ -95,20 +101,23 @@ async def view(browser, stack: UpStack, created: dict, transport: str, seconds: 
     g2g = [at - published[int(b)] for b, at in timing["shownAt"].items()
            if int(b) in published and at >= wall0]
     jitter = [abs((b[0] - a[0]) - (b[1] - a[1])) for a, b in zip(frames, frames[1:], strict=False)]
-    if transport != "auto":
-        skews = [abs(s) for s in timing["skews"]]
+    estimated = skews
+    signed = webrtc_sync.skews(timing["sound"], timing["levels"], timing["frames"], wall0)
+    skews = [abs(s) for s in (signed if transport == "auto" else timing["skews"])]
     key = "rtcBytes" if transport == "auto" else "wsBytes"
     stages = breakdown(timing["stamps"], timing["shownAt"], published, wall0, first.get("buffer"), last.get("buffer"))
     return {"glass_to_glass_ms_p50": percentile(g2g, 50), "glass_to_glass_ms_p95": percentile(g2g, 95),
             "frame_interval_jitter_ms_p95": percentile(jitter, 95),
             "av_skew_ms_p95": percentile(skews, 95) if skews else None,
+            "av_skew_ms_p50_signed": percentile(signed, 50) if signed else None,
+            "av_skew_estimated_ms_p95": percentile(estimated, 95) if estimated else None,
             "bytes_per_s": (last[key] - first[key]) / (t1 - t0),
             "cpu_ms_per_frame": (cpu1 - cpu0) * 1000 / max(1, len(frames)),
             "blocks": len(g2g), "frames": len(frames), "unmatched_frames": timing["unmatched"], **stages}
 
 
 def breakdown(stamps: dict, shown: dict, published: dict[int, float], wall0: float, buf0, buf1) -> dict:
-    """Where a WebRTC block's glass-to-glass time goes (medians, ms): bus to fence (its frames whole there),
+    """Where a WebRTC block's glass-to-glass time goes (medians, ms): bus to fence (its first frame chunk there),
     fence's playout (to its first frame handed to the encoder), encoder to presented; and each inbound
     stream's mean jitter-buffer delay over the window (Chromium's getStats)."""
     rows = [(published[int(b)], s[0], s[1], shown[b]) for b, s in stamps.items()
@@ -184,7 +193,7 @@ async def run(quick: bool) -> dict:
 
 def summary(rows: list[dict]) -> dict:
     out = {}
-    for k in (*KEYS, *STAGES, "blocks", "frames", "unmatched_frames"):
+    for k in (*KEYS, *SYNC, *STAGES, "blocks", "frames", "unmatched_frames"):
         values = [r[k] for r in rows if r.get(k) is not None and r[k] == r[k]]
         if values or k in KEYS:
             out[k] = statistics.median(values) if values else None
@@ -207,7 +216,7 @@ def main() -> None:
     args = parser("webrtc", __doc__.splitlines()[0]).parse_args()
     result = asyncio.run(run(args.quick))
     rows = [(f"{path}.{k}", result[path][k], "") for path in ("webrtc", "websocket") for k in KEYS]
-    rows += [(f"webrtc.{k}", result["webrtc"].get(k), "") for k in STAGES]
+    rows += [(f"webrtc.{k}", result["webrtc"].get(k), "") for k in (*SYNC, *STAGES)]
     rows += [(f"floor.{r}.{k}", result["floor"][r].get(k), "") for r in ("chromium", "aiortc") for k in KEYS[:4]]
     table(rows + [(f"target {k}", str(v), "") for k, v in result["targets"].items()])
     write(args.json, result)

@@ -35,6 +35,12 @@ def encode(rgb: np.ndarray) -> bytes:
 
 def decode(data: bytes) -> np.ndarray:
     """The uint8 [3, H, W] image of a PNG that `encode` wrote; ValueError for anything else."""
+    return np.ascontiguousarray(decode_hwc(data).transpose(2, 0, 1))
+
+
+def decode_hwc(data: bytes) -> np.ndarray:
+    """As `decode`, channels last: uint8 [H, W, 3], the layout undoing the filter gives (no transposing copy),
+    and what video encoders read."""
     if not data.startswith(SIGNATURE):
         raise ValueError("not a PNG")
     chunks = dict(_chunks(data))
@@ -50,8 +56,7 @@ def decode(data: bytes) -> np.ndarray:
     rows = raw.reshape(h, w * 3 + 1)
     if np.any(rows[:, 0] != _SUB):
         raise ValueError("only Sub-filtered rows are read")
-    rgb = np.cumsum(rows[:, 1:].reshape(h, w, 3), axis=1, dtype=np.uint8)  # undo Sub: running sums mod 256
-    return np.ascontiguousarray(rgb.transpose(2, 0, 1))
+    return np.cumsum(rows[:, 1:].reshape(h, w, 3), axis=1, dtype=np.uint8)  # undo Sub: running sums mod 256
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:

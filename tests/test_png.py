@@ -62,3 +62,8 @@ def test_a_frame_whose_png_would_not_fit_a_chunk_goes_raw():
     enc = encode(Output(frames=noise), max_bytes=8 * 1024)
     assert enc[0].encoding == "raw" and all(len(p) <= 8 * 1024 for p in enc[0].parts)
     assert torch.equal(assemble(chunks("s", 1, enc)), noise)
+
+
+def test_decode_hwc_is_decode_channels_last():
+    img = np.random.default_rng(5).integers(0, 256, (3, 9, 14), dtype=np.uint8)
+    assert np.array_equal(png.decode_hwc(png.encode(img)), img.transpose(1, 2, 0))

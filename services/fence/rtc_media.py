@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fractions
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +46,8 @@ LATE_DROP_S = 0.25  # a frame the encoder could not take within this of its time
 class _Frame:
     at: float  # wall time (loop clock) it is due
     pts: int  # 90 kHz
-    image: np.ndarray  # [H, W, 3]
+    image: np.ndarray  # in `pixel_format` (rtc_blocks.BlockMedia): shared by every viewer of the block, never written
+    pixel_format: str
     block: int
     starts: BlockMedia | None  # on the first frame of a block: its media (the data-channel message goes with it)
 
@@ -68,6 +70,9 @@ class Playout:
         self.first_pts: int | None = None  # the first frame handed to the encoder (its RTP timestamp's origin)
         self.cut_frames = 0  # frames not played because the media queued before a new block was cut
         self.skipped_blocks = 0  # blocks of those cut whole (never announced)
+        # (first sample, RFC 6464 level) of the audio frames sent and not yet announced; the latest 2 s only,
+        # so audio that plays on while no block comes (silence) does not pile up
+        self.levels: collections.deque[tuple[int, int]] = collections.deque(maxlen=100)
         self.wake = asyncio.Event()
         self.closed = False
 
@@ -90,8 +95,8 @@ class Playout:
                 del self.starts[b]
             for i in range(n):
                 at = start + i * step
-                self.frames.append(_Frame(at, round((at - self.origin) * VIDEO_CLOCK), media.frames[i], media.block,
-                                          media if i == 0 else None))
+                self.frames.append(_Frame(at, round((at - self.origin) * VIDEO_CLOCK), media.frames[i],
+                                          media.pixel_format, media.block, media if i == 0 else None))
         elif media.block in self.starts:
             samples = media.audio
             assert samples is not None  # a block placed for its audio has audio
@@ -175,7 +180,7 @@ class BlockVideoTrack(MediaStreamTrack):
 
     async def recv(self) -> av.VideoFrame:
         frame = await self.playout.next_frame()
-        out = av.VideoFrame.from_ndarray(frame.image, format="rgb24")
+        out = av.VideoFrame.from_ndarray(frame.image, format=frame.pixel_format)  # a copy: this viewer's pts
         out.pts, out.time_base = frame.pts, fractions.Fraction(1, VIDEO_CLOCK)
         return out
 
@@ -203,7 +208,16 @@ class BlockAudioTrack(MediaStreamTrack):
         if p.closed:
             raise MediaStreamError
         samples = p.audio_at(self.sample, AUDIO_FRAME)
+        p.levels.append((self.sample, audio_level(samples)))
         out = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         out.sample_rate, out.pts, out.time_base = AUDIO_RATE, self.sample, fractions.Fraction(1, AUDIO_RATE)
         self.sample += AUDIO_FRAME
         return out
+
+
+def audio_level(samples: np.ndarray) -> int:
+    """The frame's level as aiortc's sender puts it in each packet's RFC 6464 header extension (-dBov,
+    0 loudest to 127 silent): a viewer that sees the levels played (getSynchronizationSources) finds by
+    them which sample each audio RTP timestamp carries, which the RTP timestamps alone do not tell."""
+    rms = float(np.sqrt(np.mean(samples.astype(np.float64) ** 2))) / 32767 if samples.size else 0.0
+    return -round(min(0.0, max(-127.0, 20 * math.log10(rms)))) if rms > 0 else 127

@@ -31,7 +31,8 @@ from services.fence.ingress import Ingress, _bearer
 from services.fence.problems import problem
 from services.fence.rtc_limits import CONNECTED, OPEN, REFUSED, RtcLimits
 
-if TYPE_CHECKING:  # aiortc is an optional extra: the module is imported only when an offer comes
+if TYPE_CHECKING:  # aiortc is an optional extra: the modules are imported only when an offer comes
+    from services.fence.rtc_feed import Feeds
     from services.fence.rtc_peer import Peer
 
 _log = structlog.get_logger("statefleet.fence.rtc")
@@ -49,6 +50,7 @@ class RtcEndpoint:
         self.peers: dict[str, Peer] = {}
         self.by_session: collections.Counter[str] = collections.Counter()
         self._ice_set = False
+        self.feeds: Feeds | None = None  # made with the first offer (it needs the webrtc extra)
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post(PATH, self._offer)
@@ -103,10 +105,12 @@ class RtcEndpoint:
         peer_type = _peer_type()
         if not self._ice_set:
             from libs import rtc_ice
+            from services.fence.rtc_feed import Feeds
             rtc_ice.offer_only(self.limits.addresses())
+            self.feeds = Feeds(self.nc)
             self._ice_set = True
-        peer = peer_type(nc=self.nc, ingress=self.ingress, session_id=session_id, token=token, limits=self.limits,
-                         on_closed=self._forget)
+        peer = peer_type(nc=self.nc, ingress=self.ingress, feeds=self.feeds, session_id=session_id, token=token,
+                         limits=self.limits, on_closed=self._forget)
         self.peers[peer.peer_id] = peer
         self.by_session[session_id] += 1
         OPEN.add(1)

@@ -2,21 +2,24 @@
 over its data channel.
 
 The connection is fed from the bus, like the output WebSocket: `sf.output.<sid>` (whatever server
-owns the session publishes there) and the session's log (owner changes). So a live move or a
-failover changes nothing here but the blocks' origin: the same tracks go on with the next block,
-without renegotiation, and blocks played already are dropped when they come again (rtc_blocks.py).
+owns the session publishes there; received and decoded once for all the session's viewers here,
+rtc_feed.py) and the session's log (owner changes). So a live move or a failover changes nothing
+here but the blocks' origin: the same tracks go on with the next block, without renegotiation, and
+blocks played already are dropped when they come again (rtc_blocks.py).
 
 Data-channel messages from here (JSON text):
     {"hello": {"peer_id", "session_id"}}                     once it opens
     {"owner": {"server_id", "version", "claimed", "closed"}}  on open and on every change
     {"block": {"index", "owner": [server_id, version], "input_seq", "media_s", "frames", "pts",
-               "step_pts", "arrived_at", "sent_at", "replays_dropped", "skipped_blocks", "cut_frames"}}
+               "step_pts", "arrived_at", "sent_at", "replays_dropped", "skipped_blocks", "cut_frames", "levels"}}
         when the block's first frame goes to the encoder; `pts` is its first frame's video timestamp
         (90 kHz, from this connection's origin), `first_pts` that of the first frame this connection sent
         (null until one was: a viewer maps RTP timestamps to these by it), `arrived_at` / `sent_at` wall-clock seconds
-        (time.time()) when its frames were whole here and when its first frame was sent;
+        (time.time()) when its first frame chunk came here and when its first frame was sent;
         `cut_frames` counts frames not played to keep latency from building up, `skipped_blocks` the blocks
-        of those cut whole (rtc_media.py)
+        of those cut whole (rtc_media.py); `levels` [[sample, level], ...] the audio frames sent since the
+        last message: first sample (16 kHz, from the same origin as `pts`) and the RFC 6464 level in their
+        packets, by which a viewer maps audio RTP timestamps to media time (rtc_media.audio_level)
     {"ack": ...}                                             answers to input (rtc_input.py)
 """
 
@@ -36,11 +39,11 @@ from nats.aio.client import Client as NATS
 from libs import bus, errors, names, rtc_ice
 from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
-from libs.schemas.engine import OutputChunk
 from libs.schemas.fence import LogRecord
 from services.fence.egress import _OwnerChanges
 from services.fence.ingress import Ingress
-from services.fence.rtc_blocks import BlockAssembler, BlockMedia
+from services.fence.rtc_blocks import BlockMedia
+from services.fence.rtc_feed import Feeds, SessionFeed
 from services.fence.rtc_input import ChannelInput
 from services.fence.rtc_limits import OPEN, REFUSED, RtcLimits
 from services.fence.rtc_media import VIDEO_CLOCK, BlockAudioTrack, BlockVideoTrack, Playout
@@ -49,19 +52,19 @@ _log = structlog.get_logger("statefleet.fence.rtc")
 
 
 class Peer:
-    def __init__(self, *, nc: NATS, ingress: Ingress, session_id: str, token: str, limits: RtcLimits,
+    def __init__(self, *, nc: NATS, ingress: Ingress, feeds: Feeds, session_id: str, token: str, limits: RtcLimits,
                  on_closed: Callable[[Peer], None]) -> None:
         self.nc, self.ingress, self.session_id, self.token, self.limits = nc, ingress, session_id, token, limits
+        self.feeds = feeds
+        self.feed: SessionFeed | None = None
         self.on_closed = on_closed
         self.peer_id = uuid.uuid4().hex[:16]
         self.pc = RTCPeerConnection(rtc_ice.configuration())
         self.playout = Playout(self._block_started)
-        self.blocks = BlockAssembler(self._media)
         self.channel = None
         self.input: ChannelInput | None = None
         self.owner: str | None = None  # the latest owner message, sent when the channel opens
         self._owners = _OwnerChanges(self)  # calls self.text(json) once per change
-        self._arrived: dict[int, float] = {}
         self._subs: list = []
         self._tasks: set[asyncio.Task] = set()
         self.closed = False
@@ -82,9 +85,8 @@ class Peer:
             pc.addTrack(BlockAudioTrack(self.playout))
         for t in pc.getTransceivers():
             t.direction = "sendonly"
-        self._subs = [await self.nc.subscribe(names.output_subject(self.session_id), cb=self._chunk),
-                      await self.nc.subscribe(names.session_log_subject(self.session_id), cb=self._log)]
-        await self.nc.flush()
+        self._subs = [await self.nc.subscribe(names.session_log_subject(self.session_id), cb=self._log)]
+        self.feed = await self.feeds.join(self.session_id, self)  # subscribed (and flushed) before the answer
         await pc.setLocalDescription(await pc.createAnswer())
         self._spawn(self._deadline())
         return pc.localDescription.sdp
@@ -124,20 +126,11 @@ class Peer:
 
     # -------------------------------------------------------------- media and events
 
-    async def _chunk(self, msg) -> None:
-        try:
-            chunk = decode(msg.data, OutputChunk)
-        except errors.SchemaError:
-            return
-        if chunk.kind == "frames" and chunk.part == 0:
-            self._arrived.setdefault(chunk.block, time.time())
-        await self.blocks.add(chunk)
-
     async def _log(self, msg) -> None:
         with contextlib.suppress(errors.SchemaError):
             self._owners.seen(decode(msg.data, LogRecord).view)
 
-    async def _media(self, media: BlockMedia) -> None:
+    def media(self, media: BlockMedia) -> None:
         # Played from the first block after the data channel opened: every frame sent has its block's
         # message before it (a viewer can map each frame to its block), and a viewer still connecting
         # gets no backlog.
@@ -152,11 +145,11 @@ class Peer:
             "index": media.block, "owner": [owner[0], owner[1]] if owner else None, "input_seq": media.input_seq,
             "media_s": media.media_s, "frames": n, "pts": pts, "first_pts": self.playout.first_pts,
             "step_pts": round(media.media_s / n * VIDEO_CLOCK) if n and media.media_s > 0 else 0,
-            "arrived_at": self._arrived.pop(media.block, 0.0), "sent_at": time.time(),
-            "replays_dropped": self.blocks.replays_dropped, "skipped_blocks": self.playout.skipped_blocks,
-            "cut_frames": self.playout.cut_frames}}))
-        for b in [b for b in self._arrived if b <= media.block]:
-            del self._arrived[b]
+            "arrived_at": media.arrived_at, "sent_at": time.time(),
+            "replays_dropped": self.feed.blocks.replays_dropped if self.feed else 0,
+            "skipped_blocks": self.playout.skipped_blocks, "cut_frames": self.playout.cut_frames,
+            "levels": list(self.playout.levels)}}))
+        self.playout.levels.clear()
 
     def text(self, data: str | bytes) -> None:
         """Send one message on the data channel (owner messages wait for it to open); a viewer whose
@@ -188,6 +181,7 @@ class Peer:
         self.on_closed(self)
         _log.info("rtc_peer_closed", session_id=self.session_id, peer_id=self.peer_id, reason=reason)
         self.playout.close()
+        await self.feeds.leave(self.session_id, self)
         for sub in self._subs:
             await bus.quietly(sub.unsubscribe())
         if self.input is not None:

@@ -1,6 +1,7 @@
 """The session page over WebRTC in Chromium, on loopback only: it picks WebRTC and says so, shows moving
 video and plays audio from the tracks, takes input over the data channel, and keeps its one peer
-connection through a live move (owner v2 shown, blocks go on, none repeated); with WebRTC refused it
+connection through a live move (owner v2 shown, blocks go on, none repeated, the new blocks' frames presented
+and changing); with WebRTC refused it
 falls back to the sockets and says why."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import dataclasses
 import pytest
 import pytest_asyncio
 
+from bench import webrtc_sync
 from tests.browser.conftest import ADMIN_TOKEN, session_page_in
 from tests.webrtc.conftest import live_move
 
@@ -64,6 +66,9 @@ async def test_the_page_plays_a_session_over_webrtc(rtc_page, artifacts):
         (await window.sfPage.rtc.pc.getStats()).forEach((s) => {
             if (s.type === 'inbound-rtp' && s.kind === 'audio') energy += s.totalAudioEnergy || 0; });
         return energy > 0; }""", timeout=WAIT_MS, polling=250)
+    sync = await page.evaluate("(({sound, levels, frames}) => ({sound, levels, frames}))(window.sfPage.rtc.timing)")
+    assert webrtc_sync.audio_offset(sync["sound"], sync["levels"]) is not None, \
+        "the levels played tie the audio's RTP timestamps to the levels fence sent (A/V sync is measurable)"
 
     await page.fill("#say", "good morning")
     await page.press("#say", "Enter")
@@ -86,7 +91,15 @@ async def test_a_live_move_keeps_the_peer_connection(stack, rtc_page):
     await live_move(stack, sid, other)
     await page.wait_for_function(f"() => window.sfPage.owner.server_id === '{other}' && window.sfPage.owner.version > 1 "
                                  "&& window.sfPage.owner.claimed", timeout=WAIT_MS)
+    moved = await page.evaluate("window.sfPage.lastBlock")  # announced before the new owner was shown
     await page.wait_for_function(f"() => window.sfPage.blocksShown >= {before + 4}", timeout=WAIT_MS)
+    # Not frozen: frames of the blocks after the move reach the screen, and what they show changes.
+    await page.wait_for_function(
+        f"() => Object.keys(window.sfPage.rtc.timing.shownAt).filter((b) => +b > {moved}).length >= 2", timeout=WAIT_MS)
+    first = await video_pixels(page)
+    shown = await page.evaluate("window.sfPage.rtc.timing.presented")
+    await page.wait_for_function(f"() => window.sfPage.rtc.timing.presented >= {shown + 10}", timeout=WAIT_MS)
+    assert first != await video_pixels(page), "the video after the move should move"
     state = await page.evaluate("""() => ({peer: window.sfPage.rtc.peerId, state: window.sfPage.rtc.pc.connectionState,
         transport: window.sfPage.transport, reconnects: window.sfPage.reconnects, replays: window.sfPage.replays})""")
     assert state == {"peer": peer, "state": "connected", "transport": "WebRTC", "reconnects": 0, "replays": 0}, state

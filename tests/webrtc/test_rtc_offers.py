@@ -142,7 +142,7 @@ async def test_a_viewer_that_stops_reading_is_dropped_and_counted(stack, session
         await reader.connect()
         frozen_id = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode().strip()
         frozen = rtc.peers[frozen_id]
-        await eventually(lambda: frozen.blocks.last_started > 0, timeout_s=60, what="the frozen viewer served")
+        await eventually(lambda: frozen.playout.first_pts is not None, timeout_s=60, what="the frozen viewer served")
         proc.send_signal(signal.SIGSTOP)
         await eventually(lambda: frozen_id not in rtc.peers, timeout_s=120, what="the frozen viewer dropped")
         assert frozen.reason == "viewer stopped reading", frozen.reason

@@ -1,14 +1,25 @@
 """Fence's WebRTC playout timeline (rtc_media.Playout) on a driven clock: blocks from the host's even grid,
 one of them late. Latency must not keep the lateness: every later block waits at most MAX_AHEAD_S (plus a
 frame) behind queued media; what is cut for it is counted; the frames played stay on the frame grid and in
-order; a block's audio never runs past where its frames were cut."""
+order; a block's audio never runs past where its frames were cut. And the audio level fence announces per
+frame is the one aiortc's sender writes in the packet (a viewer matches them to find the audio's media time)."""
 
 from __future__ import annotations
 
+import av
 import numpy as np
+from aiortc.rtp import compute_audio_level_dbov
 
 from services.fence.rtc_blocks import BlockMedia
-from services.fence.rtc_media import AUDIO_RATE, MAX_AHEAD_S, PLAYOUT_DELAY_S, VIDEO_CLOCK, Playout
+from services.fence.rtc_media import (
+    AUDIO_FRAME,
+    AUDIO_RATE,
+    MAX_AHEAD_S,
+    PLAYOUT_DELAY_S,
+    VIDEO_CLOCK,
+    Playout,
+    audio_level,
+)
 
 PERIOD, FRAMES = 0.4, 10
 STEP = PERIOD / FRAMES
@@ -64,3 +75,11 @@ def test_a_late_block_does_not_leave_its_lateness_in_the_timeline():
         assert frames_of_k, f"audio of block {k}, whose frames were all cut"
         last_due = frames_of_k[-1].pts / VIDEO_CLOCK + STEP  # the end of its last frame played, from the origin
         assert end / AUDIO_RATE <= last_due + 1 / AUDIO_RATE, f"block {k}'s audio runs past its cut"
+
+
+def test_the_audio_level_announced_is_the_one_aiortc_puts_in_the_packet():
+    rng = np.random.default_rng(7)
+    for scale in (0, 1, 30, 1000, 12000, 32767):
+        samples = (rng.uniform(-1, 1, AUDIO_FRAME) * scale).astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        assert audio_level(samples) == -compute_audio_level_dbov(frame), scale

@@ -65,8 +65,9 @@ async def test_a_live_move_keeps_the_connection_and_plays_every_block_once(stack
         await viewer.wait_for(lambda: any(b["owner"] and b["owner"][0] == other for b in viewer.blocks[-1:]))
         version = viewer.blocks[-1]["owner"][1]
         assert version > 1
-        moved_at = len(viewer.blocks)
-        await viewer.wait_for(lambda: len(viewer.blocks) >= moved_at + 2)
+        moved_at, frames_at = len(viewer.blocks), len(viewer.frames)
+        await viewer.wait_for(lambda: len(viewer.blocks) >= moved_at + 2 and len(viewer.frames) >= frames_at + 20)
+        assert len({round(f.mean, 3) for f in viewer.frames[frames_at:]}) > 1, "the new owner's video moves"
         indices = [b["index"] for b in viewer.blocks]
         assert indices == sorted(set(indices)), f"every block at most once, in order, across the move: {indices}"
         missing = indices[-1] - indices[0] + 1 - len(indices)

@@ -66,6 +66,13 @@ sfRtc.connect = async function (created, video, on, timeoutMs = 15000) {
     conn.timing.frame(meta);
     video.requestVideoFrameCallback(onFrame);
   };
+  const audio = pc.getReceivers().find((r) => r.track.kind === "audio");
+  const listen = () => { // each animation frame (60 Hz): every 20 ms audio packet seen as it plays
+    if (conn.ended || !audio) return;
+    conn.timing.heard(audio.getSynchronizationSources());
+    requestAnimationFrame(listen);
+  };
+  requestAnimationFrame(listen);
   video.requestVideoFrameCallback(onFrame);
   return conn;
 };
@@ -96,9 +103,13 @@ function opened(pc, channel, timeoutMs) {
 // presented (the first sent, a key frame). A frame whose block message has not come yet waits and is
 // matched when it comes. Messages come in order, so a frame still unmatched once a later block was
 // announced belongs to no announced block: it is counted as unmatched, not guessed.
+// For measuring A/V sync, also the audio played: `sound` keeps [delivered to the track (wall ms), RTP
+// timestamp, level] of each audio packet as first seen (polled at each animation frame), `levels` the
+// [sample, RFC 6464 level] of each audio frame fence sent (block messages); together they tell which
+// sample each audio RTP timestamp carries, so audio and video go on one media clock (bench.webrtc).
 sfRtc.timing = function () {
   const t = { firstRtp: null, offset: null, byPts: new Map(), shownAt: {}, frames: [], waiting: [], unmatched: 0,
-              presented: 0, stamps: {} }; // stamps: block → [arrived at fence, first frame sent] (wall ms)
+              presented: 0, stamps: {}, sound: [], levels: [] }; // stamps: block → [arrived at fence, first frame sent] (wall ms)
   const match = (f) => {
     if (t.offset === null) return false;
     const pts = (f.rtp - t.offset) >>> 0;
@@ -109,8 +120,16 @@ sfRtc.timing = function () {
     if (t.frames.length > 4000) t.frames.shift();
     return true;
   };
+  t.heard = (sources) => {
+    for (const s of sources) {
+      const last = t.sound[t.sound.length - 1];
+      if (s.rtpTimestamp === undefined || (last && last[1] === s.rtpTimestamp)) continue; // first seen kept
+      if (t.sound.push([s.timestamp, s.rtpTimestamp, s.audioLevel || 0]) > 4000) t.sound.shift();
+    }
+  };
   t.block = (b) => {
     t.stamps[b.index] = [b.arrived_at * 1000, b.sent_at * 1000];
+    for (const l of b.levels || []) if (t.levels.push(l) > 8000) t.levels.shift();
     delete t.stamps[b.index - 400];
     for (let i = 0; i < b.frames; i++) t.byPts.set(b.pts + i * b.step_pts, { block: b.index, i });
     while (t.byPts.size > 4000) t.byPts.delete(t.byPts.keys().next().value);
