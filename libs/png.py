@@ -15,7 +15,7 @@ import numpy as np
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _SUB = 1  # filter type: each byte minus the same channel of the pixel to its left
-LEVEL = 1  # zlib level: the engine encodes in its decode stage, where time is the block's budget
+LEVEL = 1  # zlib level: the fastest that compresses; the engine encodes every frame it serves
 
 
 def encode(rgb: np.ndarray) -> bytes:
@@ -23,11 +23,14 @@ def encode(rgb: np.ndarray) -> bytes:
     if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[0] != 3:
         raise ValueError(f"expected uint8 [3, H, W], got {rgb.dtype} {list(rgb.shape)}")
     _, h, w = rgb.shape
-    rows = np.ascontiguousarray(rgb.transpose(1, 2, 0)).reshape(h, w * 3)
     filtered = np.empty((h, w * 3 + 1), dtype=np.uint8)
     filtered[:, 0] = _SUB
-    filtered[:, 1:4] = rows[:, :3]
-    np.subtract(rows[:, 3:], rows[:, :-3], out=filtered[:, 4:])  # uint8 arithmetic wraps mod 256, as PNG's does
+    pixels = filtered[:, 1:].reshape(h, w, 3)  # a view: the rows' pixels, interleaved RGB
+    # Filter each channel plane straight into its interleaved place: one pass, where transposing the
+    # frame to rows first and filtering those was a strided copy plus a pass, 4x the time here.
+    for c in range(3):
+        pixels[:, 0, c] = rgb[c, :, 0]
+        np.subtract(rgb[c, :, 1:], rgb[c, :, :-1], out=pixels[:, 1:, c])  # uint8 wraps mod 256, as PNG's does
     header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)  # 8-bit truecolour, no interlace
     return SIGNATURE + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(filtered.data, LEVEL)) + \
         _chunk(b"IEND", b"")

@@ -29,13 +29,15 @@ class Boundaries:
     @asynccontextmanager
     async def hold(self, s: Session) -> AsyncIterator[None]:
         """While held, no block of `s` runs (the one in flight, if any, finishes first) and every
-        finished block's output is out (a fenced session's journal is flushed), so a copy or a
+        finished block's output is out (its outbox or journal is flushed), so a copy or a
         checkpoint taken now never holds a block whose record could still be lost."""
         self.gate(s)
         self._holding[s.sid] = self._holding.get(s.sid, 0) + 1
         self._free.setdefault(s.sid, asyncio.Event()).clear()
         try:
             await s.idle.wait()
+            if s.outbox is not None:
+                await s.outbox.flushed()
             if s.journal is not None:
                 await s.journal.flushed()
                 await s.journal.close_window()

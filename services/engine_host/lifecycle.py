@@ -143,14 +143,17 @@ class Lifecycle:
 
     @staticmethod
     async def _end_journal(s: Session, *, drain: bool) -> None:
-        """A closing session's journal: its waiting blocks go out first when draining, then its task ends."""
-        journal, s.journal = s.journal, None
-        if journal is None:
-            return
-        if drain:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(journal.flushed(), JOURNAL_DRAIN_S)
-        await journal.close()
+        """A closing session's journal and outbox: their waiting blocks go out first (the outbox's always:
+        its blocks are done and need nothing but the encode; the journal's when draining), then their
+        tasks end."""
+        queues, s.outbox, s.journal = ((s.outbox, True), (s.journal, drain)), None, None
+        for queue, flush in queues:
+            if queue is None:
+                continue
+            if flush:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(queue.flushed(), JOURNAL_DRAIN_S)
+            await queue.close()
 
     async def settle(self) -> None:
         """Wait for failed sessions' cleanups still running."""

@@ -45,6 +45,7 @@ from services.engine_host.host_endpoint import HostEndpoint, backend_info
 from services.engine_host.journal import QUIET_BLOCKS, OutputJournal
 from services.engine_host.lifecycle import Lifecycle
 from services.engine_host.offload import Offload
+from services.engine_host.outbox import Outbox, PublishBlock
 from services.engine_host.pipeline import StagePipeline
 from services.engine_host.rebuild_choice import RebuildChoice, RebuildPolicy
 from services.engine_host.scheduler import Dispatch, EdfScheduler
@@ -185,6 +186,8 @@ class EngineRuntime:
         self.sched.ask(sid, blocks)
         self.dispatcher.wake()
         await done
+        if s.outbox is not None:  # done means shown too: its output is out (a journal's may still wait)
+            await s.outbox.flushed()
         return s.info(self.sched.tasks.get(sid))
 
     async def suspend(self, sid: str) -> SessionInfo:
@@ -231,7 +234,10 @@ class EngineRuntime:
         # Only a periodic session runs blocks nobody asked for: a replacement may regenerate a quiet
         # window it never showed. A non-periodic one runs exactly the blocks `advance` asks for.
         quiet = QUIET_BLOCKS if s.spec.period_ms > 0 else 0
-        s.journal = OutputJournal(writer, functools.partial(self.sink.publish_block, s), quiet)
+        publish = functools.partial(self.sink.publish_block, s)
+        if s.outbox is not None:  # blocks it ran before the journal go out before any the journal publishes
+            publish = functools.partial(_after, s.outbox, publish)
+        s.journal = OutputJournal(writer, publish, quiet)
         return s.journal
 
     async def replay_block(self, sid: str, block: ConsumedBlock) -> None:
@@ -338,3 +344,8 @@ class EngineRuntime:
 
     async def drop_session(self, session_id: str) -> None:
         await self.endpoint.drop_session(session_id)
+
+
+async def _after(earlier: Outbox, publish: PublishBlock, *args: Any) -> None:
+    await earlier.flushed()  # it takes no block once the journal is attached: at once after the first
+    await publish(*args)

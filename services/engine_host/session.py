@@ -27,6 +27,7 @@ from services.engine_host.scheduler import Task
 
 if TYPE_CHECKING:
     from services.engine_host.journal import OutputJournal
+    from services.engine_host.outbox import Outbox
 
 SID_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # session ids become NATS subject tokens: fullmatch only
 # Items accepted and waiting for a block. Fence's owner credit keeps this at its max_unapplied_items
@@ -87,7 +88,8 @@ class Session:
     install_gated: bool = False
     rejected_inputs: int = 0
     last_rejected: Rejected | None = None
-    journal: OutputJournal | None = None  # a fenced session's output gate (see journal.py); None: publish at once
+    journal: OutputJournal | None = None  # a fenced session's output gate (see journal.py)
+    outbox: Outbox | None = None  # an unfenced one's ordered output (see outbox.py), made at its first output
     playout: Playout | None = None  # a C1 session's output pacing (see playout.py)
 
     @property

@@ -1,12 +1,14 @@
 """The output sink: the end of the stage pipeline, on the event loop. Each finished block advances
 its session's progress, is accounted, and its output is published to the session's output subject
-(a fenced session's through its journal: recorded first, see journal.py); a block that raised
+(a fenced session's through its journal: recorded first, see journal.py; any other's through its
+outbox, outbox.py: both publish in block order off the block's critical path); a block that raised
 fails its session instead. An input item the backend refused is reported on the same subject (an
 `input_rejected` chunk), so the client that sent it hears why it had no effect."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -23,6 +25,7 @@ from services.engine_host.backends.base import block_media_s
 from services.engine_host.costs import CostModel
 from services.engine_host.device_time import DeviceTime
 from services.engine_host.journal import Finished
+from services.engine_host.outbox import Outbox
 from services.engine_host.session import Rejected, Session
 from services.engine_host.stages import BlockJob, BlockWork
 
@@ -32,7 +35,7 @@ _inputs_rejected = counter("sf_engine_inputs_rejected_total", "Input items a bac
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
-# Blocks a fenced session may have waiting for the journal before the sink waits for it (an outage).
+# Blocks a session may have waiting for its journal (an outage) or outbox before the sink waits for it.
 MAX_JOURNAL_BACKLOG = 64
 
 
@@ -71,8 +74,14 @@ class OutputSink:
             s.journal.add(Finished(consumed, job.output, job.replayed, job.release))
             if s.journal.backlog >= MAX_JOURNAL_BACKLOG:
                 await s.journal.flushed()
+        elif job.output is not None and self.publish is None:
+            await self.publish_block(s, s.blocks_done, job.output, False, job.last_seq)  # only counted
         elif job.output is not None:
-            await self.publish_block(s, s.blocks_done, job.output, False, job.last_seq)
+            if s.outbox is None:
+                s.outbox = Outbox(s.sid, functools.partial(self.publish_block, s))
+            s.outbox.add(s.blocks_done, job.output, job.last_seq)
+            if s.outbox.backlog >= MAX_JOURNAL_BACKLOG:
+                await s.outbox.flushed()
         s.block_finished(now)
 
     async def publish_block(self, s: Session, block: int, output: Output, replayed: bool, input_seq: int,

@@ -9,7 +9,6 @@ until the move commits; only latency predictions credit the source at once.
 from __future__ import annotations
 
 import math
-from operator import attrgetter
 
 from libs import admissibility
 from libs.contracts import Demand, Estimate, demand, estimate, floor_row
@@ -20,8 +19,6 @@ from services.placement.policy.snapshot import Fleet, Host, Session
 
 _UNKNOWN = object()
 _NONE: dict = {}  # shared and never written: `HostLoad` replaces it before its first write
-_backend = attrgetter("backend")
-_contract = attrgetter("contract")
 
 
 class HostLoad:
@@ -71,6 +68,7 @@ class Plan:
         self.fleet, self.params = fleet, params
         self.loads = loads = {h.host_id: HostLoad(h, h.entry.busy_fraction + sum(d.busy_fraction for d in h.reserved)
                                                   if h.reserved else h.entry.busy_fraction) for h in fleet.hosts}
+        self._open = [hl for hl in loads.values() if hl.open]
         self.claimed: set[str] = set()  # sessions this decision already acts on: one action each
         self.queued: list[Session] = []
         self.suspended: list[Session] = []
@@ -80,6 +78,8 @@ class Plan:
         self._rows: dict[tuple[int, str, int], ProfileRow | None] = {}
         # Keyed by object identity: every object keyed here lives in `fleet` for the plan's lifetime.
         self._terms: dict[int, dict[tuple[str, int], latency.Term | None]] = {}
+        # (profile, distinct (backend, contract) pairs) → the kinds of the hosts that have them, see `_kinds`
+        self._groups: dict[tuple[int, frozenset], tuple[dict[int, latency.Term], bool]] = {}
         draining = {hid for hid, hl in loads.items() if hl.host.state == "draining"}
         now, keep_warm = fleet.now, params.keep_warm_s
         get, own, queued, suspended, idle = loads.get, self.owned.add, self.queued, self.suspended, self.idle
@@ -112,35 +112,38 @@ class Plan:
         self._zone_tops = sorted(((z, n[0]) for z, n in self._zone_nics.items()), key=lambda zn: -zn[1])[:2]
 
     def _kinds(self, hl: HostLoad) -> None:
-        """The host's distinct terms, from its residents' distinct (backend, contract) pairs."""
+        """The host's distinct terms, from its residents' distinct (backend, contract) pairs.
+
+        Hosts with the same profile and the same distinct pairs have the same kinds, and a fleet has far
+        fewer such groups than hosts: each group's kinds are worked out once per decision and shared by
+        its hosts until one is opened up (`open_up` copies them before any change)."""
         r = hl.residents
-        cache = self._terms.get(id(hl.host.entry.profile))
-        if cache is None:
-            cache = self._terms[id(hl.host.entry.profile)] = {}
-        backends = set(map(_backend, r))
-        if len(backends) == 1:
-            b = next(iter(backends))
-            pairs = [(b, c) for c in set(map(id, map(_contract, r)))]
-        else:
-            pairs = list(set(zip(map(_backend, r), map(id, map(_contract, r)), strict=True)))
-        missing = False
-        kinds = hl.kinds = {}
-        for pair in pairs:
-            t = cache.get(pair, _UNKNOWN)
-            if t is _UNKNOWN:
-                t = self.term(next(s for s in r if (s.backend, id(s.contract)) == pair), hl)
-            if t is None:
-                missing = True
-            else:
-                kinds[id(t)] = t
+        profile = id(hl.host.entry.profile)
+        pairs = frozenset({(s.backend, id(s.contract)) for s in r})
+        group = self._groups.get((profile, pairs))
+        if group is None:
+            cache = self._terms.get(profile)
+            if cache is None:
+                cache = self._terms[profile] = {}
+            kinds: dict[int, latency.Term] = {}
+            missing = False
+            for pair in pairs:
+                t = cache.get(pair, _UNKNOWN)
+                if t is _UNKNOWN:
+                    t = self.term(next(s for s in r if (s.backend, id(s.contract)) == pair), hl)
+                if t is None:
+                    missing = True
+                else:
+                    kinds[id(t)] = t
+            group = self._groups[(profile, pairs)] = (kinds, missing)
+        hl.kinds, missing = group
         hl.n = len(r) if not missing else sum(1 for s in r if self.term(s, hl) is not None)
 
     def open_up(self, hl: HostLoad) -> dict[str, latency.Term]:
         """The host's per-session terms (built on first use, then kept current); `hl.members` alongside."""
         if hl.counts is None:
             hl.counts, hl.terms, hl.members = {}, {}, {}
-            if hl.kinds is _NONE:
-                hl.kinds = {}
+            hl.kinds = dict(hl.kinds)  # its own from now on: `_kinds` shares one per group of hosts
             cache = self._terms.get(id(hl.host.entry.profile), _NONE)
             for s in hl.residents:
                 t = cache.get((s.backend, id(s.contract)), _UNKNOWN)
@@ -279,7 +282,7 @@ class Plan:
         return best
 
     def open_loads(self) -> list[HostLoad]:
-        return [hl for hl in self.loads.values() if hl.open]
+        return list(self._open)  # a host's `open` is the snapshot's: the same all decision
 
 
 def _count(hl: HostLoad, t: latency.Term, by: int) -> None:
