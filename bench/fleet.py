@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import msgspec
@@ -167,8 +170,11 @@ ARMS = ("static_peak", "static_average", "migration_only", "autoscaling_only", "
 
 
 def run_arms(specs: list[fleet_workload.SessionSpec], p: Params, end: float, peak_hosts: int, avg_hosts: int,
-             only: tuple[str, ...] = ARMS) -> dict:
-    """Every arm over [0, end]. Static peak and migration only get `peak_hosts`, static average `avg_hosts`."""
+             only: tuple[str, ...] = ARMS, jobs: int = 1) -> dict:
+    """Every arm over [0, end]. Static peak and migration only get `peak_hosts`, static average `avg_hosts`.
+
+    With `jobs` > 1 the arms run in that many forked processes: each arm is its own deterministic `Sim` over
+    the same sessions and shares nothing with the others, so the results are the same as run one by one."""
     start_hosts = p.min_hosts + p.warm_pool_hosts
     k = fleet_turboserve.sessions_per_gpu(specs, p, oracle_terms(), CAP_MS)
     turbo = fleet_turboserve.TurboServe(p, k)
@@ -182,21 +188,38 @@ def run_arms(specs: list[fleet_workload.SessionSpec], p: Params, end: float, pea
         ("turboserve", turbo, turbo.react, p, start_hosts),
         ("statefleet", arms.policy(p), arms.reacting(p), p, start_hosts),
     ]
-    out = {}
-    for name, decide, react, arm_params, hosts in plan:
-        if name not in only:
-            continue
-        t0 = time.perf_counter()
-        out[name] = Sim(specs, decide, arm_params, hosts, TICK_S, end, name, progress, react,
-                        stop_and_copy=name == "turboserve").run()
-        if name == "turboserve":
-            out[name]["sessions_per_gpu"] = k
-        out[name]["wall_s"] = time.perf_counter() - t0
-        r = out[name]
-        print(f"  {name:<17} done in {r['wall_s']:.1f} s: {r['gpu_hours']:.1f} GPU-h, worst {r['worst_chunk_ms']:.0f} ms, "
-              f"p99 {r['p99_chunk_ms']:.0f} ms, {r['migrations']} moves, {r['dropped_sessions']} dropped",
-              file=sys.stderr, flush=True)
+    global _ARM_RUNS
+    _ARM_RUNS = {name: (specs, decide, react, arm_params, hosts, end) for name, decide, react, arm_params, hosts in plan
+                 if name in only}
+    names = list(_ARM_RUNS)
+    try:
+        if jobs > 1 and len(names) > 1:
+            # fork: the children inherit the arms' closures, which cannot be pickled
+            with ProcessPoolExecutor(min(jobs, len(names)), mp_context=multiprocessing.get_context("fork")) as pool:
+                results = list(pool.map(_run_arm, names))
+        else:
+            results = [_run_arm(name) for name in names]
+    finally:
+        _ARM_RUNS = {}
+    out = dict(zip(names, results, strict=True))
+    if "turboserve" in out:
+        out["turboserve"]["sessions_per_gpu"] = k
     return out
+
+
+_ARM_RUNS: dict[str, tuple] = {}  # what `run_arms` hands `_run_arm`, by arm name (a forked child inherits it)
+
+
+def _run_arm(name: str) -> dict:
+    specs, decide, react, arm_params, hosts, end = _ARM_RUNS[name]
+    t0 = time.perf_counter()
+    r = Sim(specs, decide, arm_params, hosts, TICK_S, end, name, progress, react,
+            stop_and_copy=name == "turboserve").run()
+    r["wall_s"] = time.perf_counter() - t0
+    print(f"  {name:<17} done in {r['wall_s']:.1f} s: {r['gpu_hours']:.1f} GPU-h, worst {r['worst_chunk_ms']:.0f} ms, "
+          f"p99 {r['p99_chunk_ms']:.0f} ms, {r['migrations']} moves, {r['dropped_sessions']} dropped",
+          file=sys.stderr, flush=True)
+    return r
 
 
 def over_target_worst(res: dict, cap_ms: float = CAP_MS) -> None:
@@ -358,7 +381,8 @@ def main() -> None:
     print(f"colocation model: alpha {fitted.alpha:.3f}, solo {fitted.solo_ms:.2f} ms, rmse {fitted.rmse_ms:.2f} ms "
           f"from {len(curve.sessions)} points ({curve.source})", file=sys.stderr)
     p = params(args.latency_model, fitted.alpha if args.latency_model == "colocation" else None)
-    res = run_arms(specs, p, end, peak_hosts, avg_hosts)
+    # one process per arm, as many at once as the machine has cores for
+    res = run_arms(specs, p, end, peak_hosts, avg_hosts, jobs=len(os.sched_getaffinity(0)))
     over_target_worst(res)
     bound = oracle(specs, p, res, end)
     targets = compare(res, bound)

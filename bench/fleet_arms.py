@@ -29,18 +29,25 @@ def first_fit(params: Params) -> Callable[[Fleet], Decision]:
         plan = Plan(fleet, params)
         ordered = sorted(plan.open_loads(), key=lambda hl: hl.host_id)
         actions, refusals = [], []
-        for s in fleet.sessions:
-            if s.state != "queued":
-                continue
-            for hl in ordered:
+        # A host that fails a (backend, contract) fails it for the rest of the decision (placing only adds
+        # demand), so each such pair's scan resumes where its last one stopped: an undersized fleet with a
+        # long queue otherwise re-tests every full host for every queued session.
+        first: dict[tuple[str, int], int] = {}
+        for s in plan.queued:
+            key = (s.backend, id(s.contract))
+            j = first.get(key, 0)
+            while j < len(ordered):
+                hl = ordered[j]
                 est = plan.fit(s, hl)
                 if est.fits:
                     plan.add(s, hl, est)
                     actions.append(Place(session_id=s.session_id, host_id=hl.host_id,
                                          busy_fraction=est.busy_fraction, state_bytes=est.state_bytes))
                     break
+                j += 1
             else:
                 refusals.append(Refusal(kind="place", session_id=s.session_id, reason="no_fit"))
+            first[key] = j
         return Decision(actions=tuple(actions), refusals=tuple(refusals))
     return run
 

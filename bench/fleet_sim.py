@@ -21,6 +21,9 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
+
+import msgspec
 
 from bench.fleet_workload import SessionSpec
 from libs import admissibility
@@ -72,6 +75,16 @@ def share(tier: int) -> float:
     return ROW[tier].quantum_ms / PERIOD_MS
 
 
+Mix = tuple[tuple[int, int], ...]  # (tier, sessions) of a host's residents, by tier: all its load depends on
+
+
+@cache
+def mix_busy(mix: Mix) -> float:
+    """A host's busy fraction: the exactly rounded sum (`math.fsum`) of its residents' shares, so neither the
+    order a set yields them in (which varies with the process's hash seed) nor how they are grouped changes it."""
+    return math.fsum(share(t) for t, c in mix for _ in range(c))
+
+
 @dataclass(slots=True)
 class SimHost:
     idx: int
@@ -81,18 +94,43 @@ class SimHost:
     resident: set[str] = field(default_factory=set)  # on the device (serving, or moving away)
     suspended: set[str] = field(default_factory=set)  # in host memory
     incoming: dict[str, Demand] = field(default_factory=dict)
+    tiers: Counter[int] = field(default_factory=Counter)  # residents per tier
+    mix: Mix = ()  # `tiers` as a key
+    host_id: str = ""
+    zone: str = ""
+    nic_bps: float = 0.0
+    # The policy's view of it, kept until something it shows changes (`changed`): a snapshot is taken on
+    # every arrival, and rebuilding hundreds of unchanged host views each time was most of its cost.
+    view: Host | None = None
+
+    def __post_init__(self) -> None:
+        self.host_id = f"h{self.idx:05d}"
+        self.zone = f"z{self.idx // ZONE_SIZE}"
+        self.nic_bps = SLOW_NIC_BPS if self.idx % 4 == 3 else FAST_NIC_BPS
+
+    def join(self, sid: str, tier: int) -> None:
+        if sid not in self.resident:
+            self.resident.add(sid)
+            self.tiers[tier] += 1
+            self._retier()
+
+    def leave(self, sid: str, tier: int) -> None:
+        if sid in self.resident:
+            self.resident.discard(sid)
+            self.tiers[tier] -= 1
+            self._retier()
+
+    def _retier(self) -> None:
+        self.mix = tuple((t, c) for t, c in sorted(self.tiers.items()) if c)
+        self.view = None
+
+    def changed(self) -> None:
+        """Its state or its incoming moves changed: the next snapshot rebuilds its view."""
+        self.view = None
 
     @property
-    def host_id(self) -> str:
-        return f"h{self.idx:05d}"
-
-    @property
-    def zone(self) -> str:
-        return f"z{self.idx // ZONE_SIZE}"
-
-    @property
-    def nic_bps(self) -> float:
-        return SLOW_NIC_BPS if self.idx % 4 == 3 else FAST_NIC_BPS
+    def busy(self) -> float:
+        return mix_busy(self.mix)
 
 
 @dataclass(slots=True)
@@ -105,12 +143,38 @@ class SimSession:
     idle_until: float = 0.0
     idle_starts: list[float] = field(default_factory=list)
     move_to: str = ""
+    # The policy's view at the last snapshot, and until when its time-dependent fields hold: a snapshot
+    # is taken on every arrival and every resume, and rebuilding every live session's view each time was
+    # most of the simulator's own cost. While the session has input its `last_input_at` is the clock.
+    view: Session | None = None
+    view_until: float = -math.inf
+    view_tracks_now: bool = False
+    view_moves: int = 0  # len(moves) when it was built
 
-    def last_input_at(self, now: float) -> float:
-        i = bisect.bisect_right(self.idle_starts, now) - 1
-        if i >= 0 and now < self.spec.idle[i][1]:
-            return self.spec.idle[i][0]
-        return now
+    def view_at(self, now: float, move_window_s: float) -> Session:
+        """The session as the policy sees it at `now` (the clock only runs forward)."""
+        v = self.view
+        if (v is not None and now < self.view_until and v.state == self.state and v.host_id == self.host
+                and v.suspended_at == self.suspended_at and self.view_moves == len(self.moves)):
+            if self.view_tracks_now and v.last_input_at != now:
+                v = self.view = msgspec.structs.replace(v, last_input_at=now)
+            return v
+        starts = self.idle_starts
+        i = bisect.bisect_right(starts, now) - 1
+        if i >= 0 and now < self.spec.idle[i][1]:  # in an idle spell: its start, until it ends
+            last, until, tracks = self.spec.idle[i][0], self.spec.idle[i][1], False
+        else:  # input now, until the next idle spell starts
+            last, until, tracks = now, starts[i + 1] if i + 1 < len(starts) else math.inf, True
+        moves = tuple(t for t in self.moves if t > now - move_window_s)
+        if moves:  # the oldest leaves the window then
+            until = min(until, moves[0] + move_window_s)
+        sp = self.spec
+        self.view = v = Session(session_id=sp.session_id, backend=BACKEND, contract=CONTRACTS[sp.tier],
+                                state=self.state, host_id=self.host, state_bytes=sp.state_bytes,
+                                dirty_rate_bps=sp.dirty_rate_bps, last_input_at=last,
+                                suspended_at=self.suspended_at, moves=moves)
+        self.view_until, self.view_tracks_now, self.view_moves = until, tracks, len(self.moves)
+        return v
 
 
 class Stats:
@@ -187,6 +251,7 @@ class Sim:
                 self._push(end, "input", s.session_id)
         for host_id in self.provisioner.start(hosts):
             self._new_host(host_id, 0.0).state = "up"
+        self._chunks_of: dict[Mix, list[tuple[float, int, float]]] = {}  # `_account`'s per-mix chunk latencies
         if hosts:  # the arm's starting fleet is a scale-out at 0, as the service counts the hosts it starts
             self.last_out = 0.0
 
@@ -262,6 +327,7 @@ class Sim:
         h = self.hosts.get(host_id)
         if h is not None and h.state == "starting":
             h.state = "up"
+            h.changed()
 
     def _on_commit(self, sid: str) -> None:
         s = self.sessions[sid]
@@ -269,13 +335,14 @@ class Sim:
             return
         src, dst = self.hosts[s.host], self.hosts[s.move_to]
         dst.incoming.pop(sid, None)
+        dst.changed()
         if sid in src.suspended:
             src.suspended.discard(sid)
             dst.suspended.add(sid)
             s.state = "suspended"
         else:
-            src.resident.discard(sid)
-            dst.resident.add(sid)
+            src.leave(sid, s.spec.tier)
+            dst.join(sid, s.spec.tier)
             s.state = "serving"
         s.host, s.move_to = dst.host_id, ""
         s.moves.append(self.now)
@@ -283,9 +350,10 @@ class Sim:
     def _detach(self, s: SimSession) -> None:
         for h in (self.hosts.get(s.host), self.hosts.get(s.move_to)):
             if h is not None:
-                h.resident.discard(s.spec.session_id)
+                h.leave(s.spec.session_id, s.spec.tier)
                 h.suspended.discard(s.spec.session_id)
-                h.incoming.pop(s.spec.session_id, None)
+                if h.incoming.pop(s.spec.session_id, None) is not None:
+                    h.changed()
 
     def _drop(self, s: SimSession, why: str) -> None:
         self._detach(s)
@@ -303,7 +371,8 @@ class Sim:
 
     def snapshot(self) -> Fleet:
         hosts = tuple(self._host_view(h) for h in self.hosts.values() if h.state in ("up", "draining"))
-        sessions = tuple(self._session_view(s) for s in self.live.values())
+        now, window = self.now, self.params.move_window_s
+        sessions = tuple(s.view_at(now, window) for s in self.live.values())
         provisioning = sum(1 for h in self.hosts.values() if h.state == "starting")
         arr = self.arrivals
         while arr and arr[0] <= self.now - ARRIVAL_MEMORY_S:
@@ -319,20 +388,17 @@ class Sim:
                      last_scale_out_at=self.last_out, last_scale_in_at=self.last_in)
 
     def _host_view(self, h: SimHost) -> Host:
-        tiers = [self.sessions[sid].spec.tier for sid in h.resident]
-        entry = EngineEntry(host_id=h.host_id, device="cuda:0", memory_bytes=HOST_MEMORY,
-                            free_memory_bytes=HOST_MEMORY - sum(ROW[t].state_bytes for t in tiers),
-                            sessions=len(tiers), profile=PROFILE, busy_fraction=self._busy(h),
-                            heartbeat_at=self.now)
-        return Host(entry=entry, state="up" if h.state == "up" else "draining", zone=h.zone, nic_bps=h.nic_bps,
-                    reserved=tuple(h.incoming.values()), moves_in=len(h.incoming))
-
-    def _session_view(self, s: SimSession) -> Session:
-        sp = s.spec
-        return Session(session_id=sp.session_id, backend=BACKEND, contract=CONTRACTS[sp.tier], state=s.state,
-                       host_id=s.host, state_bytes=sp.state_bytes, dirty_rate_bps=sp.dirty_rate_bps,
-                       last_input_at=s.last_input_at(self.now), suspended_at=s.suspended_at,
-                       moves=tuple(t for t in s.moves if t > self.now - self.params.move_window_s))
+        v = h.view
+        if v is None:
+            entry = EngineEntry(host_id=h.host_id, device="cuda:0", memory_bytes=HOST_MEMORY,
+                                free_memory_bytes=HOST_MEMORY - sum(ROW[t].state_bytes * c for t, c in h.mix),
+                                sessions=len(h.resident), profile=PROFILE, busy_fraction=h.busy,
+                                heartbeat_at=self.now)
+            v = h.view = Host(entry=entry, state="up" if h.state == "up" else "draining", zone=h.zone,
+                              nic_bps=h.nic_bps, reserved=tuple(h.incoming.values()), moves_in=len(h.incoming))
+        elif v.entry.heartbeat_at != self.now:
+            v = h.view = msgspec.structs.replace(v, entry=msgspec.structs.replace(v.entry, heartbeat_at=self.now))
+        return v
 
     # ------------------------------------------------------------ applying a decision
 
@@ -344,7 +410,7 @@ class Sim:
     def _do_place(self, a: Place) -> None:
         s = self.sessions[a.session_id]
         s.state, s.host = "serving", a.host_id
-        self.hosts[a.host_id].resident.add(a.session_id)
+        self.hosts[a.host_id].join(a.session_id, s.spec.tier)
         self.stats.queue_waits.append(self.now - s.spec.arrival_s)
 
     def _do_move(self, a: Move) -> None:
@@ -352,6 +418,7 @@ class Sim:
         src, dst = self.hosts[a.src], self.hosts[a.dst]
         frozen = s.state == "suspended"
         dst.incoming[a.session_id] = Demand(busy_fraction=a.busy_fraction, state_bytes=a.state_bytes)
+        dst.changed()
         rate = PATHS.rate(self._host_view(src), self._host_view(dst)) / len(dst.incoming)
         p, sp = self.params, s.spec
         v = admissibility.evaluate(admissibility.Transfer(
@@ -377,7 +444,7 @@ class Sim:
         `joined`: the session is already resident on `h` (a resume), else it is about to be (a move)."""
         t = self._term(s.spec.tier)
         extra = 0 if joined else 1
-        base = lat.chunk_ms(self.params, t, self._busy(h) + extra * t.share, len(h.resident) + extra)
+        base = lat.chunk_ms(self.params, t, h.busy + extra * t.share, len(h.resident) + extra)
         late = stall_ms
         while late > 0:
             self.stats.chunk(self.now, base + late, 1.0, lat.slo_ms(t))
@@ -392,6 +459,7 @@ class Sim:
     def _do_drain(self, a: Drain) -> None:
         self.last_in = self.now
         self.hosts[a.host_id].state = "draining"
+        self.hosts[a.host_id].changed()
 
     def _do_stophost(self, a: StopHost) -> None:
         h = self.hosts[a.host_id]
@@ -406,7 +474,7 @@ class Sim:
     def _do_suspend(self, a: Suspend) -> None:
         s = self.sessions[a.session_id]
         h = self.hosts[s.host]
-        h.resident.discard(a.session_id)
+        h.leave(a.session_id, s.spec.tier)
         h.suspended.add(a.session_id)
         s.state, s.suspended_at = "suspended", self.now
         i = bisect.bisect_right(s.idle_starts, self.now) - 1
@@ -421,7 +489,7 @@ class Sim:
         if a.host_id != s.host:
             copy_s += s.spec.state_bytes / PATHS.rate(self._host_view(old), self._host_view(self.hosts[a.host_id]))
         new = self.hosts[a.host_id]
-        new.resident.add(a.session_id)
+        new.join(a.session_id, s.spec.tier)
         s.state, s.host = "serving", a.host_id
         self.stats.resume_delays.append(self.now - s.idle_until + copy_s)
         self.counts["resumes"] += 1
@@ -439,11 +507,6 @@ class Sim:
     def _term(self, tier: int) -> lat.Term:
         return lat.term(CONTRACTS[tier], ROW[tier], share(tier))
 
-    def _busy(self, h: SimHost) -> float:
-        # fsum: exactly rounded, so the order a set yields its members in (which varies with the
-        # process's hash seed) cannot change a result's last bit, and with it a tie between hosts
-        return math.fsum(share(self.sessions[sid].spec.tier) for sid in h.resident)
-
     def _account(self, t: float) -> None:
         """Chunks produced since the last tick, at the load each host carries now."""
         if t <= 0:  # the tick before it is the warm-up's
@@ -453,11 +516,18 @@ class Sim:
             if not h.resident:
                 self.empty_host_s += self.tick_s  # booting, pooled, or holding only suspended sessions
                 continue
-            tiers = Counter(self.sessions[sid].spec.tier for sid in h.resident)
-            busy, n = self._busy(h), len(h.resident)
-            for tier, c in tiers.items():
-                term = self._term(tier)
-                self.stats.chunk(t, lat.chunk_ms(self.params, term, busy, n), chunks * c, lat.slo_ms(term))
+            for ms, c, slo in self._chunks(h.mix):
+                self.stats.chunk(t, ms, chunks * c, slo)
+
+    def _chunks(self, mix: Mix) -> list[tuple[float, int, float]]:
+        """(chunk latency, sessions, SLO) per tier on a host carrying `mix`: a host's latency depends on
+        nothing else, and a fleet holds a few dozen distinct mixes."""
+        got = self._chunks_of.get(mix)
+        if got is None:
+            busy, n = mix_busy(mix), sum(c for _, c in mix)
+            got = self._chunks_of[mix] = [(lat.chunk_ms(self.params, term, busy, n), c, lat.slo_ms(term))
+                                          for term, c in ((self._term(tier), c) for tier, c in mix)]
+        return got
 
     def _record_gpus(self) -> None:
         self.stats.gpus.setdefault(int(self.now / self.stats.bucket_s), []).append(len(self.hosts))
