@@ -107,15 +107,20 @@ class Hog:
 
 
 class Engine:
-    def __init__(self, url: str, host_id: str, tmp: Path) -> None:
+    def __init__(self, url: str, host_id: str, tmp: Path, hosts_on_machine: int) -> None:
         self.url, self.host_id, self.tmp = url, host_id, tmp
+        self.hosts_on_machine = hosts_on_machine
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         # What `statefleet up`'s supervisor gives an engine host, and nothing more: every other
-        # setting (heartbeat, checkpoint period, profile, torch threads) is the host's default.
+        # setting (heartbeat, checkpoint period, profile, torch threads) is the host's default. Like `up`, it
+        # says how many hosts share the machine's cores (each takes its share of torch threads): without it
+        # each of three hosts ran a team of every core, and on a loaded 2-core machine their start-up
+        # profiles took minutes (docs/reliability.md).
         env = {**os.environ, "SF_NATS_URL": self.url, "SF_HOST_ID": self.host_id, "SF_INSTANCE_ID": self.host_id,
-               "SF_CHECKPOINT_DIR": str(self.tmp / "ckpt"), "SF_LOG_JSON": "true"}
+               "SF_CHECKPOINT_DIR": str(self.tmp / "ckpt"), "SF_LOG_JSON": "true",
+               "SF_HOSTS_ON_MACHINE": str(self.hosts_on_machine)}
         with open(self.tmp / f"{self.host_id}.log", "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "statefleet", "serve", "engine_host"], env=env,
                                          stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -130,7 +135,7 @@ class Engine:
 class Bench:
     def __init__(self, url: str, tmp: Path, hosts: int, sessions: int) -> None:
         self.url, self.tmp = url, tmp
-        self.engines = {f"e{i}": Engine(url, f"e{i}", tmp) for i in range(hosts)}
+        self.engines = {f"e{i}": Engine(url, f"e{i}", tmp, hosts) for i in range(hosts)}
         self.sids = [f"s{i}" for i in range(sessions)]
         self.tokens: dict[str, str] = {}
         self.accepted: dict[str, int] = defaultdict(int)

@@ -63,7 +63,7 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     world_state_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
     checkpoint_dir: str = ""  # shared filesystem path for checkpoints over checkpoint_inline_max_bytes
     checkpoint_inline_max_bytes: PositiveInt = 64 << 20
-    profile_blocks: PositiveInt = 5
+    profile_blocks: PositiveInt = 3  # measured blocks per backend and tier at start-up, after one warm-up
     verb_timeout_s: PositiveFloat = 30.0
     verb_concurrency: PositiveInt = 16  # requests of one verb (other than input) handled at once
     # torch intra-op threads (0: the machine's cores split between the `hosts_on_machine` engine hosts
