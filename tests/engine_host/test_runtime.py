@@ -409,11 +409,13 @@ async def test_the_heartbeat_load_is_what_admission_budgets_and_the_profile_foll
         await rt.open(OpenSession(session_id="c", backend="world", seed=1, session_class="C1", period_ms=1000.0,
                                   quality_floor=2))
         shape = rt.sched.tasks["c"].shape
-        rt.costs.learn(shape, 2, 1, 0.030)  # serving measured 30 ms for the floor tier; the profile said 10
+        # Every stage of a block is priced: the start-up profile's whole block (20 ms) seeds what serving
+        # learns (the stage sum); serving measured 30 ms for the floor tier.
+        rt.costs.learn(shape, 2, 1, 0.030)
         contract = Contract(session_class="C1", quality_floor=2, determinism="T1", period_ms=1000.0)
         row = floor_row(rt.refreshed_profile(rows), "world", 2)
-        assert row is not None and row.quantum_ms == pytest.approx(0.8 * 10.0 + 0.2 * 30.0)  # the cost EWMA
-        assert row.block_ms - row.quantum_ms == pytest.approx(10.0)  # start-up's off-device overhead, kept
+        assert row is not None and row.block_ms == pytest.approx(0.8 * 20.0 + 0.2 * 30.0)  # the cost EWMA
+        assert row.quantum_ms / row.block_ms == pytest.approx(0.5)  # start-up's denoise share, kept
         assert rt.busy_fraction() == pytest.approx(demand(contract, row).busy_fraction)
         assert rt.served_fraction() == pytest.approx(rt.costs.estimate(shape, rt.sched.tasks["c"].tier, 1))
         async with rt.boundaries.hold(rt.sessions.get("c")):  # a checkpoint or a move holds it: it still counts
