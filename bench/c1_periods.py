@@ -119,15 +119,24 @@ async def run(args, tmp: Path, sessions: int) -> dict:
                 if now >= start:
                     samples.append((now, loads))
                 await asyncio.sleep(SAMPLE_S)
+            priced = {c.sid: await priced_share(http, stack.admission_url, c.sid) for c in clients}
         hosts = await live_hosts(nc, args.engines)
         statuses = [st for st in await host_statuses(stack.cli_url()) if not isinstance(st, str)]
         await nc.close()
     finally:
         stack.stop()
-    return report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline)
+    return report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced)
 
 
-def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline) -> dict:
+async def priced_share(http: aiohttp.ClientSession, admission_url: str, sid: str) -> float:
+    """The device share admission priced the session at when it placed it (its recorded demand)."""
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, KeyError):
+        async with http.get(f"{admission_url}/v1/sessions/{sid}", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            return float((await r.json(content_type=None))["metrics"]["busy_fraction"])
+    return float("nan")
+
+
+def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced) -> dict:
     per = {}
     for c in clients:
         ps = periods_ms(c, start, end)
@@ -137,7 +146,12 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
     served = {m.session_id: m for st in statuses for m in st.metrics}
     for sid, r in per.items():
         m = served.get(sid)
+        # What admission priced the session at, beside what its blocks measured while co-located (every
+        # stage's mean over the period): the two differ where pricing misses what really runs.
+        r["priced_share"] = priced.get(sid, float("nan"))
         if m is not None:  # the host's own view: periods at publish, before the bus and this client
+            stage_ms = sum(t.mean_ms for t in m.stages)
+            r |= {"stage_ms_mean": stage_ms, "measured_share": stage_ms / r["contract_ms"]}
             r |= {"host_p95_period_ms": m.chunk_period_p95_ms, "tier": m.tier, "tier_changes": m.tier_changes,
                   "skipped_blocks": m.skipped_blocks, "playout_hold_p95_ms": m.playout_hold_p95_ms,
                   "control_to_output_p95_ms": m.control_to_output_p95_ms}
@@ -152,6 +166,11 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
     loads = [max(d.values(), default=0.0) for _, d in samples]
     over = sum(SAMPLE_S * sum(max(0.0, v - LIMIT) > 0 for v in d.values()) for _, d in samples)
     model = sum(found.values())
+    by_host: dict[str, list[dict]] = {}
+    for r in per.values():
+        by_host.setdefault(r["host_id"], []).append(r)
+    pricing = {h: {"sessions": len(rs), "priced": sum(r["priced_share"] for r in rs),
+                   "measured": sum(r.get("measured_share", 0.0) for r in rs)} for h, rs in by_host.items()}
     return {
         "offered": len(offers), "admitted": sum(k == "admitted" for k, _ in outcomes),
         "admitted_c1": len(clients),
@@ -164,6 +183,7 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
         "busy_fraction_max": max(loads, default=0.0), "busy_fraction_limit": LIMIT,
         "over_capacity_s": over,
         "capacity_model": model, "capacity_model_by_device": found,
+        "priced_vs_measured_by_host": pricing,
         "capacity_baseline": baseline["capacity"], "baseline_block_ms": baseline["block_ms"],
         "baseline_threads": baseline["threads"],
         "capacity_model_over_baseline": model / baseline["capacity"] if baseline["capacity"] else float("nan"),

@@ -90,6 +90,10 @@ class Owners:
         owner = self.views[session_id].owner
         return owner is not None and owner.server_id == host_id
 
+    async def summarize(self, session_id: str, view: SessionView, **fields: str) -> None:
+        old = self.fleet.summary.get(session_id) or SessionSummary(session_id=session_id)
+        self.fleet.summary[session_id] = msgspec.structs.replace(old, **{"reason": "", **fields})
+
     async def assign(self, session_id: str, host_id: str, *, expect_version: int, incarnation: str) -> None:
         owner = self.views[session_id].owner
         latest = owner.version if owner else 0
