@@ -18,7 +18,11 @@ measured them: `EngineEntry.measured_fraction`, not the model's prices), `over_c
 p95 period passed 1.10x the contract), `capacity_model` (how many such sessions the capacity model,
 `libs.contracts.carried`, found the stack's devices take, from the hosts' start-up profiles) and
 `capacity_baseline` (the same number of sessions' blocks back to back on the backend alone, without
-the stack, just before the round: `bench/c1_baseline.py`).
+the stack, just before the round: `bench/c1_baseline.py`). Diagnostics beside them: each admitted
+session's `priced_share` (what admission priced it at) and `measured_share` (its blocks' mean stage
+time over its period, while co-located), summed per host in `priced_vs_measured_by_host`, and
+`engine_cpu_fraction` (each engine-host process's CPU seconds over wall time while watched, every
+thread: what the stage timings cannot see on a CPU device, `bench/proc_cpu.py`).
 
 `--mix`: C1 world, C2a avatar and C3 dit sessions arriving together (C1 periods are measured; the
 others count in admission and in the device's load). `--overload`: rounds offered at 1.0x, 1.4x and
@@ -44,6 +48,7 @@ from bench import common
 from bench.c1_baseline import back_to_back
 from bench.frontend import SessionClient, c1_contract
 from bench.load import live_hosts, offer
+from bench.proc_cpu import engine_cpu_s
 from bench.stack import UpStack
 from libs import bus, names
 from libs.contracts import Contract, Guard, carried, device_key
@@ -114,18 +119,24 @@ async def run(args, tmp: Path, sessions: int) -> dict:
                     clients.append(cl)
             start = time.monotonic() + args.settle_s  # past start-up and the first step-downs
             end = start + args.seconds
+            cpu0: dict[str, float] | None = None
             while (now := time.monotonic()) < end:
                 loads = await device_loads(nc)
                 if now >= start:
                     samples.append((now, loads))
+                    if cpu0 is None:
+                        cpu0, cpu0_at = engine_cpu_s(stack.pid), now
                 await asyncio.sleep(SAMPLE_S)
+            cpu1 = engine_cpu_s(stack.pid)
+            cpu = {h: (cpu1[h] - cpu0[h]) / (time.monotonic() - cpu0_at) for h in cpu1 if cpu0 and h in cpu0}
             priced = {c.sid: await priced_share(http, stack.admission_url, c.sid) for c in clients}
         hosts = await live_hosts(nc, args.engines)
         statuses = [st for st in await host_statuses(stack.cli_url()) if not isinstance(st, str)]
         await nc.close()
     finally:
         stack.stop()
-    return report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced)
+    return report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced) \
+        | {"engine_cpu_fraction": cpu}
 
 
 async def priced_share(http: aiohttp.ClientSession, admission_url: str, sid: str) -> float:
