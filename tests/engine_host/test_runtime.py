@@ -424,3 +424,19 @@ async def test_the_heartbeat_load_is_what_admission_budgets_and_the_profile_foll
         assert rt.busy_fraction() == 0.0
     finally:
         await rt.stop()
+
+
+def test_a_block_is_never_priced_below_its_start_up_profile():
+    """A quiet device's lone blocks run cheaper than start-up measured; that cost would not hold beside the
+    sessions it admitted, so the price (admission's and the heartbeat's) keeps the start-up block as a floor,
+    while a block that got dearer is priced as learned. The scheduler still plans with what it learned."""
+    from services.engine_host.costs import CostModel
+
+    costs = CostModel()
+    costs.seed("w", 1, 0.015)
+    for _ in range(20):
+        costs.learn("w", 1, 1, 0.004)
+    assert costs.estimate("w", 1, 1) < 0.005 and costs.price("w", 1) == 0.015
+    for _ in range(20):
+        costs.learn("w", 1, 1, 0.030)
+    assert costs.price("w", 1) == costs.estimate("w", 1, 1) > 0.025
