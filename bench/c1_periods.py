@@ -99,6 +99,8 @@ async def run(args, tmp: Path, sessions: int) -> dict:
     baseline = back_to_back("world", sessions=sessions, floor=contract["quality_floor"], period_ms=args.period_ms,
                             hosts=args.engines)
     stack = UpStack(tmp / "stack", engines=args.engines).start()
+    assert stack.proc is not None
+    up_pid = stack.proc.pid  # the engine hosts are its descendants
     samples: list[tuple[float, dict[str, float]]] = []
     try:
         await stack.ready()
@@ -125,9 +127,9 @@ async def run(args, tmp: Path, sessions: int) -> dict:
                 if now >= start:
                     samples.append((now, loads))
                     if cpu0 is None:
-                        cpu0, cpu0_at = engine_cpu_s(stack.pid), now
+                        cpu0, cpu0_at = engine_cpu_s(up_pid), now
                 await asyncio.sleep(SAMPLE_S)
-            cpu1 = engine_cpu_s(stack.pid)
+            cpu1 = engine_cpu_s(up_pid)
             cpu = {h: (cpu1[h] - cpu0[h]) / (time.monotonic() - cpu0_at) for h in cpu1 if cpu0 and h in cpu0}
             priced = {c.sid: await priced_share(http, stack.admission_url, c.sid) for c in clients}
         hosts = await live_hosts(nc, args.engines)
