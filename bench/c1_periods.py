@@ -18,7 +18,11 @@ measured them: `EngineEntry.measured_fraction`, not the model's prices), `over_c
 p95 period passed 1.10x the contract), `capacity_model` (how many such sessions the capacity model,
 `libs.contracts.carried`, found the stack's devices take, from the hosts' start-up profiles) and
 `capacity_baseline` (the same number of sessions' blocks back to back on the backend alone, without
-the stack, just before the round: `bench/c1_baseline.py`).
+the stack, just before the round: `bench/c1_baseline.py`). Diagnostics beside them: each admitted
+session's `priced_share` (what admission priced it at) and `measured_share` (its blocks' mean stage
+time over its period, while co-located), summed per host in `priced_vs_measured_by_host`, and
+`engine_cpu_fraction` (each engine-host process's CPU seconds over wall time while watched, every
+thread: what the stage timings cannot see on a CPU device, `bench/proc_cpu.py`).
 
 `--mix`: C1 world, C2a avatar and C3 dit sessions arriving together (C1 periods are measured; the
 others count in admission and in the device's load). `--overload`: rounds offered at 1.0x, 1.4x and
@@ -44,6 +48,7 @@ from bench import common
 from bench.c1_baseline import back_to_back
 from bench.frontend import SessionClient, c1_contract
 from bench.load import live_hosts, offer
+from bench.proc_cpu import engine_cpu_s
 from bench.stack import UpStack
 from libs import bus, names
 from libs.contracts import Contract, Guard, carried, device_key
@@ -94,6 +99,8 @@ async def run(args, tmp: Path, sessions: int) -> dict:
     baseline = back_to_back("world", sessions=sessions, floor=contract["quality_floor"], period_ms=args.period_ms,
                             hosts=args.engines)
     stack = UpStack(tmp / "stack", engines=args.engines).start()
+    assert stack.proc is not None
+    up_pid = stack.proc.pid  # the engine hosts are its descendants
     samples: list[tuple[float, dict[str, float]]] = []
     try:
         await stack.ready()
@@ -114,20 +121,35 @@ async def run(args, tmp: Path, sessions: int) -> dict:
                     clients.append(cl)
             start = time.monotonic() + args.settle_s  # past start-up and the first step-downs
             end = start + args.seconds
+            cpu0: dict[str, float] | None = None
             while (now := time.monotonic()) < end:
                 loads = await device_loads(nc)
                 if now >= start:
                     samples.append((now, loads))
+                    if cpu0 is None:
+                        cpu0, cpu0_at = engine_cpu_s(up_pid), now
                 await asyncio.sleep(SAMPLE_S)
+            cpu1 = engine_cpu_s(up_pid)
+            cpu = {h: (cpu1[h] - cpu0[h]) / (time.monotonic() - cpu0_at) for h in cpu1 if cpu0 and h in cpu0}
+            priced = {c.sid: await priced_share(http, stack.admission_url, c.sid) for c in clients}
         hosts = await live_hosts(nc, args.engines)
         statuses = [st for st in await host_statuses(stack.cli_url()) if not isinstance(st, str)]
         await nc.close()
     finally:
         stack.stop()
-    return report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline)
+    return report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced) \
+        | {"engine_cpu_fraction": cpu}
 
 
-def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline) -> dict:
+async def priced_share(http: aiohttp.ClientSession, admission_url: str, sid: str) -> float:
+    """The device share admission priced the session at when it placed it (its recorded demand)."""
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, KeyError):
+        async with http.get(f"{admission_url}/v1/sessions/{sid}", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            return float((await r.json(content_type=None))["metrics"]["busy_fraction"])
+    return float("nan")
+
+
+def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced) -> dict:
     per = {}
     for c in clients:
         ps = periods_ms(c, start, end)
@@ -137,7 +159,12 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
     served = {m.session_id: m for st in statuses for m in st.metrics}
     for sid, r in per.items():
         m = served.get(sid)
+        # What admission priced the session at, beside what its blocks measured while co-located (every
+        # stage's mean over the period): the two differ where pricing misses what really runs.
+        r["priced_share"] = priced.get(sid, float("nan"))
         if m is not None:  # the host's own view: periods at publish, before the bus and this client
+            stage_ms = sum(t.mean_ms for t in m.stages)
+            r |= {"stage_ms_mean": stage_ms, "measured_share": stage_ms / r["contract_ms"]}
             r |= {"host_p95_period_ms": m.chunk_period_p95_ms, "tier": m.tier, "tier_changes": m.tier_changes,
                   "skipped_blocks": m.skipped_blocks, "playout_hold_p95_ms": m.playout_hold_p95_ms,
                   "control_to_output_p95_ms": m.control_to_output_p95_ms}
@@ -152,6 +179,11 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
     loads = [max(d.values(), default=0.0) for _, d in samples]
     over = sum(SAMPLE_S * sum(max(0.0, v - LIMIT) > 0 for v in d.values()) for _, d in samples)
     model = sum(found.values())
+    by_host: dict[str, list[dict]] = {}
+    for r in per.values():
+        by_host.setdefault(r["host_id"], []).append(r)
+    pricing = {h: {"sessions": len(rs), "priced": sum(r["priced_share"] for r in rs),
+                   "measured": sum(r.get("measured_share", 0.0) for r in rs)} for h, rs in by_host.items()}
     return {
         "offered": len(offers), "admitted": sum(k == "admitted" for k, _ in outcomes),
         "admitted_c1": len(clients),
@@ -164,6 +196,7 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
         "busy_fraction_max": max(loads, default=0.0), "busy_fraction_limit": LIMIT,
         "over_capacity_s": over,
         "capacity_model": model, "capacity_model_by_device": found,
+        "priced_vs_measured_by_host": pricing,
         "capacity_baseline": baseline["capacity"], "baseline_block_ms": baseline["block_ms"],
         "baseline_threads": baseline["threads"],
         "capacity_model_over_baseline": model / baseline["capacity"] if baseline["capacity"] else float("nan"),

@@ -27,7 +27,7 @@ import msgspec
 
 from bench.fleet_workload import SessionSpec
 from libs import admissibility
-from libs.contracts import Contract, Demand, Guard
+from libs.contracts import Contract, Demand, Guard, demand
 from libs.schemas.common import EngineEntry, ProfileRow
 from services.placement.policy import (
     Decision,
@@ -50,9 +50,10 @@ from services.placement.provisioning.sim import SimProvisioner
 GIB = 1 << 30
 BACKEND = "world"
 PERIOD_MS = 100.0
-# Profile rows as an engine host reports them (the shape bench.admission uses): inputs to the model.
-PROFILE = [ProfileRow(backend=BACKEND, tier=t, quantum_ms=q, block_ms=1.5 * q, state_bytes=4 * GIB,
-                      media_s_per_block=0.1) for t, q in ((4, 10.0), (8, 20.0), (16, 40.0))]
+# Profile rows as an engine host reports them (the shape bench.admission uses): inputs to the model. A
+# block (every stage: what admission prices) of 10, 20 and 40 ms, its denoise quantum half of it.
+PROFILE = [ProfileRow(backend=BACKEND, tier=t, quantum_ms=b / 2, block_ms=b, state_bytes=4 * GIB,
+                      media_s_per_block=0.1) for t, b in ((4, 10.0), (8, 20.0), (16, 40.0))]
 ROW = {r.tier: r for r in PROFILE}
 HOST_MEMORY = 80 * GIB
 GUARD = Guard(busy_fraction=0.1, memory_fraction=0.05, max_sessions=16)
@@ -72,7 +73,8 @@ Decide = Callable[[Fleet], Decision]
 
 
 def share(tier: int) -> float:
-    return ROW[tier].quantum_ms / PERIOD_MS
+    """A session's device share: what admission prices it at (`contracts.demand`, every stage of a block)."""
+    return demand(CONTRACTS[tier], ROW[tier]).busy_fraction
 
 
 Mix = tuple[tuple[int, int], ...]  # (tier, sessions) of a host's residents, by tier: all its load depends on

@@ -6,9 +6,11 @@ determinism tier and its decode tier. This module is pure: no I/O, no clock.
 
 The cost of a contract on a host is computed from that host's own measured
 `ProfileRow`s (never model constants): at the quality floor, one block costs
-`quantum_ms` of device time, so a session that must finish `blocks_per_window`
-blocks in every window (its period, or its deadline) takes a steady-state share
-`blocks_per_window * quantum_ms / window_ms` of the device. Classes without a
+`block_ms` of device time (every stage it passes through: encode, denoise and
+decode all run on the device, and the host learns that same stage sum while
+serving), so a session that must finish `blocks_per_window` blocks in every
+window (its period, or its deadline) takes a steady-state share
+`blocks_per_window * block_ms / window_ms` of the device. Classes without a
 window (bulk, replay without a deadline, maintenance) reserve no device share:
 they run in the slack EDF leaves, and cost only their resident state and a slot.
 """
@@ -94,6 +96,7 @@ class Estimate(msgspec.Struct, kw_only=True, frozen=True):
     reason: str  # "" when it fits; else no_profile | period | busy | memory | slots
     tier: int = 0
     quantum_ms: float = 0.0
+    block_ms: float = 0.0  # every stage of one block at `tier`: what `busy_fraction` is priced at
     busy_fraction: float = 0.0  # the candidate's steady-state share of the device
     state_bytes: int = 0
     host_busy_fraction: float = 0.0  # measured load plus pending placements, before the candidate
@@ -112,7 +115,7 @@ def floor_row(rows: Sequence[ProfileRow], backend: str, floor: int) -> ProfileRo
 
 def demand(contract: Contract, row: ProfileRow) -> Demand:
     window = contract.window_ms
-    share = 0.0 if window is None else contract.blocks_per_window * row.quantum_ms / window
+    share = 0.0 if window is None else contract.blocks_per_window * row.block_ms / window
     return Demand(busy_fraction=share, state_bytes=row.state_bytes)
 
 
@@ -129,7 +132,7 @@ def estimate(contract: Contract, backend: str, host: EngineEntry, pending: Seque
     sessions = host.sessions + len(pending)
     reason = _first_failure(need, busy, free, mem_guard, sessions, guard)
     return Estimate(host_id=host.host_id, fits=not reason, reason=reason, tier=row.tier,
-                    quantum_ms=row.quantum_ms, busy_fraction=need.busy_fraction,
+                    quantum_ms=row.quantum_ms, block_ms=row.block_ms, busy_fraction=need.busy_fraction,
                     state_bytes=need.state_bytes, host_busy_fraction=busy,
                     busy_limit=1.0 - guard.busy_fraction, host_free_bytes=free,
                     memory_guard_bytes=mem_guard, host_sessions=sessions, max_sessions=guard.max_sessions)
@@ -202,12 +205,20 @@ def backend_tiers(hosts: Iterable[EngineEntry], backend: str) -> set[int]:
     return {r.tier for h in hosts for r in h.profile if r.backend == backend}
 
 
+def unsettled(session_id: str, at: float, host: EngineEntry, settle_s: float) -> bool:
+    """Whether a placement of `session_id` on `host` at `at` still counts against it: until the host's
+    heartbeat lists the session (from then on its measured load does), or, for one that never arrives
+    there, until a heartbeat `settle_s` newer than the placement. Releasing a reservation when some time
+    had passed let admission place past the device: under load a session can take longer than any
+    fixed settle time to be assigned, built and counted (docs/decisions.md, issue 23)."""
+    return session_id not in host.session_ids and host.heartbeat_at < at + settle_s
+
+
 class Reservations:
     """Placements a host's heartbeat does not show yet, so two quick admissions never share one gap.
 
-    A reservation on a host lasts until that host sends a heartbeat taken at least `settle_s`
-    after the placement (by then the host has measured the session, or it never arrived).
-    Host and placer clocks are compared, so `settle_s` must also cover their skew.
+    A reservation on a host counts until `unsettled` says the host's heartbeat shows the session, or
+    that it never arrived. Host and placer clocks are compared, so `settle_s` must also cover their skew.
     """
 
     def __init__(self, settle_s: float) -> None:
@@ -233,6 +244,6 @@ class Reservations:
     def on(self, host: EngineEntry) -> list[Demand]:
         """The reservations still counted against `host`; ones its heartbeat has caught up with go."""
         held = self._hosts.get(host.host_id, {})
-        for sid in [sid for sid, (_, at) in held.items() if host.heartbeat_at >= at + self.settle_s]:
+        for sid in [sid for sid, (_, at) in held.items() if not unsettled(sid, at, host, self.settle_s)]:
             self.drop(sid)
         return [need for need, _ in held.values()]

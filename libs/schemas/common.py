@@ -106,6 +106,9 @@ class EngineEntry(Msg):
     heartbeat_s: float = 0.0  # how often this host beats; placement declares it dead after missed beats
     # share of wall time its stages measured themselves running (services/engine_host/device_time.py)
     measured_fraction: float = 0.0
+    # Every session this host holds, so its load counts it: a reservation for one of them stops counting
+    # (libs/contracts.py `shown`); one still missing here keeps counting however long its start takes.
+    session_ids: list[str] = []
 
 
 class SessionSummary(Msg):

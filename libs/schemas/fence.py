@@ -159,12 +159,14 @@ class CloseReply(Msg):
 
 class MarkRequest(Msg):
     """Placement's say on the `sf_sessions` hint, which fence writes (`sf.fence.mark`). `orphaned` (why
-    no live host takes the session) marks it orphaned while the log still shows owner version `version`;
-    "" clears a mark: the summary then says what the log says."""
+    no live host takes the session) marks it orphaned, `shed` (why placement suspended it to relieve its
+    device) marks it suspended, each only while the log still shows owner version `version`; neither
+    clears a mark: the summary then says what the log says."""
 
     session_id: str
     version: int = 0
     orphaned: str = ""
+    shed: str = ""
 
 
 class MarkReply(Msg):

@@ -87,7 +87,9 @@ class AdmissionConfig(HttpServerConfig, kw_only=True):
     max_sessions_per_host: PositiveInt = 64
     queue_capacity: Annotated[int, msgspec.Meta(ge=0)] = 256
     queue_timeout_s: PositiveFloat = 30.0
-    reservation_settle_s: PositiveFloat = 6.0
+    # A placement counts against its host until its heartbeat lists the session; one that never
+    # arrives stops counting after this (libs/contracts.py `unsettled`).
+    reservation_settle_s: PositiveFloat = 30.0
     place_timeout_s: PositiveFloat = 2.0
     engine_watch_silence_s: PositiveFloat = 5.0  # re-open the sf_engines watch after this long without news
     fence_timeout_s: PositiveFloat = 2.0

@@ -50,6 +50,7 @@ class CostModel:
     def __init__(self) -> None:
         self._seconds: dict[tuple[str, int, int], float] = {}
         self._passes: dict[str, Callable[[int], int]] = {}
+        self._profiled: dict[tuple[str, int], float] = {}  # the start-up profile's block, kept as a floor
 
     def shape(self, backend: Backend) -> None:
         """Know a shape's forward passes per tier, so a tier not measured yet is priced from one that was."""
@@ -73,6 +74,15 @@ class CostModel:
     def seed(self, shape: str, tier: int, seconds: float) -> None:
         """A single block's start-up estimate; never overrides what was already learned."""
         self._seconds.setdefault((shape, tier, 1), seconds)
+        self._profiled.setdefault((shape, tier), seconds)
+
+    def price(self, shape: str, tier: int) -> float:
+        """What one session's block is budgeted at (admission's price, the heartbeat's load): the learned
+        cost, never below the start-up profile's. Blocks of one or two sessions on a quiet device run
+        faster than that profile (taken while every host of the device profiled at once), and that
+        cheaper cost does not hold once the sessions it would admit run beside them: priced so, a burst
+        of sixteen was admitted where the start-up rows had room for four (docs/decisions.md, issue 23)."""
+        return max(self.estimate(shape, tier, 1), self._profiled.get((shape, tier), 0.0))
 
     def learn(self, shape: str, tier: int, n: int, seconds: float) -> None:
         key = (shape, tier, n)

@@ -142,10 +142,11 @@ class EngineRuntime:
 
     def seed_costs(self, rows: list[ProfileRow]) -> None:
         """Start the cost estimates (and the rebuild times a move's choice weighs) from profile rows
-        measured at start-up (default configs)."""
+        measured at start-up (default configs). A block's cost is every stage's (`block_ms`): that is
+        what serving learns (the sink sums the stage timings) and what admission prices."""
         for r in rows:
             backend = self.backend(r.backend)
-            self.costs.seed(shape_of(backend), r.tier, r.quantum_ms / 1000)
+            self.costs.seed(shape_of(backend), r.tier, r.block_ms / 1000)
             if r.rebuild_ms and self.rebuilds.rebuild_s(backend) is None:
                 self.rebuilds.observe(backend, r.rebuild_ms / 1000)
 
@@ -278,13 +279,13 @@ class EngineRuntime:
                                 tier_changes=t.tier_changes if t else 0)
 
     def busy_fraction(self) -> float:
-        """Share of device time the periodic sessions are promised: their quanta at their quality floors,
-        at the costs learned while serving. This is what admission budgets for each of them
+        """Share of device time the periodic sessions are promised: their blocks (every stage) at their
+        quality floors, at the costs learned while serving (`CostModel.price`). This is what admission budgets for each of them
         (`contracts.demand` at the floor row), so the two count the same thing; the scheduler steps
         sessions down toward their floors whenever what they are served at would not fit. A session held
         at a block boundary (a checkpoint, a move) still counts: it resumes; a suspended one does not."""
         suspended = {s.sid for s in self.sessions if s.status == "suspended"}
-        return sum(self.costs.estimate(t.shape, t.ladder[0], 1) / t.period_s for t in self.sched.tasks.values()
+        return sum(self.costs.price(t.shape, t.ladder[0]) / t.period_s for t in self.sched.tasks.values()
                    if t.cls in PERIODIC and t.sid not in suspended)
 
     def measured_fraction(self) -> float:
@@ -296,16 +297,16 @@ class EngineRuntime:
         return self.sched.load()
 
     def refreshed_profile(self, rows: list[ProfileRow]) -> list[ProfileRow]:
-        """The start-up rows with each quantum's cost as serving has measured it since (the cost model's
-        EWMA for the default config, batch of one): admission prices the next session at today's cost.
-        A block takes its quantum plus the stages off the device, which serving does not measure apart:
-        the block moves with the quantum, so the off-device overhead stays what start-up measured
-        (placement's latency model reads it as `block_ms − quantum_ms`)."""
+        """The start-up rows with each block's cost as serving has measured it since (the cost model's
+        EWMA of the stage sum, default config, batch of one; never below start-up's: `CostModel.price`):
+        admission prices the next session at today's cost, at the load the host serves now (co-located
+        sessions slow each other's blocks, and that is what it learned). The quantum scales with the block, so the share start-up measured for
+        the denoise stage is kept (placement's latency model reads `block_ms − quantum_ms`)."""
         out = []
         for r in rows:
-            learned = self.costs.estimate(shape_of(self.backend(r.backend)), r.tier, 1) * 1000
-            out.append(r if learned <= 0 or learned == r.quantum_ms else msgspec.structs.replace(
-                r, quantum_ms=learned, block_ms=r.block_ms + learned - r.quantum_ms))
+            learned = self.costs.price(shape_of(self.backend(r.backend)), r.tier) * 1000
+            out.append(r if learned <= 0 or learned == r.block_ms or r.block_ms <= 0 else msgspec.structs.replace(
+                r, quantum_ms=r.quantum_ms * learned / r.block_ms, block_ms=learned))
         return out
 
     def backend_infos(self) -> list[BackendInfo]:

@@ -250,7 +250,8 @@ class EngineHostService(Service):
         rt = self.runtime
         entry = EngineEntry(host_id=self.host_id, device=str(self.device), memory_bytes=total,
                             free_memory_bytes=free, version=VERSION, heartbeat_at=time.time(),
-                            sessions=len(rt.sessions), profile=rt.refreshed_profile(self.profile),
+                            sessions=len(rt.sessions), session_ids=rt.sessions.ids(),
+                            profile=rt.refreshed_profile(self.profile),
                             busy_fraction=rt.busy_fraction(), served_fraction=rt.served_fraction(),
                             measured_fraction=rt.measured_fraction(),
                             state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,

@@ -1,7 +1,7 @@
 """The `sf_sessions` hint (`SessionSummary`, what `statefleet status` shows), written by fence only.
 
 Fence writes a session's first summary as it registers it, a fresh one after each append it makes to
-the log, and placement's orphan marks, which placement asks for with `sf.fence.mark`: so the hint
+the log, and placement's marks (orphaned, or suspended to relieve a device), which placement asks for with `sf.fence.mark`: so the hint
 has one writer, and `libs/bus_auth.py` lets only fence put into it. A summary is a display hint,
 never authority; failing to write one only costs freshness.
 """
@@ -70,8 +70,11 @@ async def mark(js: JetStreamContext, req: MarkRequest) -> MarkReply:
     placement looked is summarized as the log shows it, so a late mark never hides a newer owner."""
     view = (await session_log.read_tail(js, session_log.check_session_id(req.session_id))).view
     version = view.owner.version if view.owner else 0
-    if req.orphaned and version == req.version and not view.closed:
+    current = version == req.version and not view.closed
+    if current and req.orphaned:
         state = await update_summary(js, req.session_id, view, state="orphaned", reason=req.orphaned)
+    elif current and req.shed:
+        state = await update_summary(js, req.session_id, view, state="suspended", reason=req.shed)
     else:
         state = await update_summary(js, req.session_id, view)
     return MarkReply(session_id=req.session_id, state=state)

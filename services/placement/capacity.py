@@ -2,8 +2,8 @@
 
 Each engine host has a `HostRecord` in the `sf_capacity` KV bucket holding its lifecycle
 state and one `Reserved` entry per session placed there. A reservation counts against
-the host (on top of its measured load) until a heartbeat taken `settle_s` after it shows
-the session, exactly as `contracts.Reservations` counts placements; what makes it hold
+the host (on top of its measured load) until the host's heartbeat lists the session (or, one that
+never arrives, until a heartbeat `settle_s` newer), exactly as `contracts.Reservations` counts placements; what makes it hold
 under concurrency is that a record only changes by compare-and-set on its KV revision,
 so a placer whose read went stale decides again on the newer record.
 
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from libs.contracts import Contract, Demand, Estimate, Guard, device_key, estimate, pooled
+from libs.contracts import Contract, Demand, Estimate, Guard, device_key, estimate, pooled, unsettled
 from libs.schemas.common import EngineEntry
 from libs.schemas.placement import HostRecord, Reserved
 
@@ -27,7 +27,7 @@ def pending(record: HostRecord | None, host: EngineEntry, settle_s: float) -> li
     if record is None:
         return []
     return [Demand(busy_fraction=r.busy_fraction, state_bytes=r.state_bytes)
-            for r in record.sessions.values() if host.heartbeat_at < r.at + settle_s]
+            for sid, r in record.sessions.items() if unsettled(sid, r.at, host, settle_s)]
 
 
 def fit(contract: Contract, backend: str, host: EngineEntry, record: HostRecord | None, guard: Guard,

@@ -14,8 +14,9 @@ Fraction = Annotated[float, msgspec.Meta(ge=0, lt=1)]
 
 
 class PlacementConfig(FleetControlConfig, kw_only=True):
-    # A reservation counts against its host until a heartbeat this much newer shows it (covers clock skew).
-    reservation_settle_s: PositiveFloat = 6.0
+    # A reservation counts against its host until its heartbeat lists the session; one that never arrives
+    # stops counting after a heartbeat this much newer (libs/contracts.py `unsettled`; covers clock skew).
+    reservation_settle_s: PositiveFloat = 30.0
     # The guard band kept free on every host by failover and drain (admission passes its own for new sessions).
     guard_busy_fraction: Fraction = 0.1
     guard_memory_fraction: Fraction = 0.05

@@ -23,6 +23,10 @@ class FleetControlConfig(BaseConfig, kw_only=True):
     control_s: PositiveFloat = 1.0  # one decision (snapshot, decide, apply) this often
     lease_ttl_s: PositiveFloat = 6.0
     rebalance: bool = True  # the rebalancing policy runs (its knobs are in `Knobs`)
+    # Shed load from a device measured past its limit (`policy/overload.py`: move, suspend C3/C2, then a
+    # C1 as `capacity_lost`). Off by default until resumes also read measured load: otherwise a shed C1
+    # whose input keeps coming resumes onto the same device at the next round (docs/decisions.md, issue 23).
+    relieve_overload: bool = False
     path_bps: PositiveFloat = 1e9  # data-plane rate assumed between two hosts (bytes/s) before one is measured
     # Autoscaling (only with a provisioner): keep utilisation near target, act outside [scale_in_below, scale_out_above].
     provisioner: Literal["", "local"] = ""

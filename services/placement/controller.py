@@ -141,7 +141,7 @@ class FleetController:
         self.activity.forget_except({s.session_id for s in fleet.sessions} | set(self.busy))
         params = cfg.params(self.guard)
         decision = decide(fleet, params, rebalancing=cfg.rebalance, scaling=self.provisioner is not None,
-                          offload=params.keep_warm_s > 0)
+                          offload=params.keep_warm_s > 0, relieving=cfg.relieve_overload)
         self.rounds += 1
         self._redrain(fleet)
         for r in decision.refusals:
@@ -282,7 +282,11 @@ class FleetController:
         await self.engines.suspend(a.host_id, a.session_id)
         self.activity.suspended(a.session_id, time.monotonic())
         _actions.add(1, {"kind": "suspend", "outcome": "ok"})
-        self.log.info("fleet_suspended", session_id=a.session_id, host_id=a.host_id)
+        self.log.info("fleet_suspended", session_id=a.session_id, host_id=a.host_id, reason=a.reason)
+        if a.reason:  # shed from a device past its limit: said out loud, in the summary `statefleet status` shows
+            owner = (await self.owners.view(a.session_id)).owner
+            await self.owners.mark(a.session_id, owner.version if owner else 0,
+                                   shed=f"{a.reason}: {a.host_id}'s device measured past its limit")
 
     async def _resume(self, a: Resume, src: str) -> None:
         """Back on its own host; on another one (its own is full) by resuming in place and moving at once."""

@@ -35,11 +35,12 @@ class FenceClient:
         """Fence assigns `host_id` at the next version; `Conflict` if the session moved on from `expect_version`."""
         await assign(self.nc, session_id, host_id, expect_version=expect_version, incarnation=incarnation)
 
-    async def mark(self, session_id: str, version: int, orphaned: str = "") -> None:
-        """Ask fence (the `sf_sessions` hint's one writer) to mark the session orphaned at owner version
-        `version`, saying why no host takes it; `orphaned=""` clears the mark (the summary says what the log says)."""
+    async def mark(self, session_id: str, version: int, orphaned: str = "", *, shed: str = "") -> None:
+        """Ask fence (the `sf_sessions` hint's one writer) to mark the session at owner version `version`:
+        orphaned, saying why no host takes it, or suspended, saying why it was shed from its device;
+        neither clears the mark (the summary says what the log says)."""
         await bus.request(self.nc, names.FENCE_MARK, MarkRequest(session_id=session_id, version=version,
-                                                                 orphaned=orphaned), MarkReply)
+                                                                 orphaned=orphaned, shed=shed), MarkReply)
 
     def remember(self, session_id: str, contract: Contract, backend: str) -> None:
         self._specs[session_id] = (contract, backend)

@@ -9,10 +9,11 @@ GIB = 1 << 30
 
 
 def rows(backend: str = "world", tiers: dict[int, float] | None = None, state_bytes: int = 2 * GIB) -> list[ProfileRow]:
-    """Profile rows: tier → quantum_ms."""
+    """Profile rows: tier → block_ms (every stage of a block: what admission prices); the denoise
+    quantum is two thirds of it."""
     tiers = tiers or {4: 10.0, 8: 20.0, 16: 40.0}
-    return [ProfileRow(backend=backend, tier=t, quantum_ms=q, block_ms=q * 1.5, state_bytes=state_bytes,
-                       media_s_per_block=0.1) for t, q in tiers.items()]
+    return [ProfileRow(backend=backend, tier=t, quantum_ms=b / 1.5, block_ms=b, state_bytes=state_bytes,
+                       media_s_per_block=0.1) for t, b in tiers.items()]
 
 
 def host(host_id: str = "h0", *, busy: float = 0.0, free: int = 60 * GIB, memory: int = 80 * GIB,

@@ -95,10 +95,10 @@ def test_coherence_is_exactly_the_documented_rules(c):
 
 @settings(deadline=None)
 @given(contracts.filter(lambda c: c.window_ms is not None), st.sampled_from(sorted(TIERS)))
-def test_demand_is_blocks_times_quantum_over_window(c, tier):
+def test_demand_is_blocks_times_every_stage_over_window(c, tier):
     row = next(r for r in rows() if r.tier == tier)
     d = demand(c, row)
-    assert d.busy_fraction == pytest.approx(c.blocks_per_window * row.quantum_ms / c.window_ms)
+    assert d.busy_fraction == pytest.approx(c.blocks_per_window * row.block_ms / c.window_ms)
     assert d.state_bytes == row.state_bytes
 
 
@@ -119,7 +119,7 @@ def test_estimate_arithmetic_on_one_host():
     guard = Guard(busy_fraction=0.1, memory_fraction=0.05, max_sessions=4)
     pending = [Demand(busy_fraction=0.25, state_bytes=4 * GIB)]
     e = estimate(c1(floor=5), "world", host(busy=0.3, free=40 * GIB, memory=80 * GIB, sessions=2), pending, guard)
-    assert (e.tier, e.quantum_ms, e.busy_fraction, e.state_bytes) == (8, 20.0, pytest.approx(0.2), 2 * GIB)
+    assert (e.tier, e.block_ms, e.busy_fraction, e.state_bytes) == (8, 20.0, pytest.approx(0.2), 2 * GIB)
     assert e.host_busy_fraction == pytest.approx(0.55) and e.busy_limit == pytest.approx(0.9)
     assert e.host_free_bytes == 36 * GIB and e.memory_guard_bytes == 4 * GIB
     assert (e.host_sessions, e.max_sessions, e.fits, e.reason) == (3, 4, True, "")
@@ -160,12 +160,23 @@ def test_reservations_count_until_a_heartbeat_settle_s_later():
     assert res.drop("s2") and not res.drop("s2")
 
 
+def test_a_reservation_counts_until_the_heartbeat_lists_its_session_however_late():
+    """A session that takes long to start (a loaded machine) keeps its room: the host's load does not
+    count it before its heartbeat lists it, so neither may time alone end the reservation."""
+    res = Reservations(settle_s=30.0)
+    need = Demand(busy_fraction=0.2, state_bytes=GIB)
+    res.add("s1", "h0", need, at=100.0)
+    assert res.on(host("h0", at=120.0)) == [need]  # 20 s later, not listed yet: still counted
+    listed = msgspec.structs.replace(host("h0", at=100.5), session_ids=["s1"])
+    assert res.on(listed) == [] and res.host_of("s1") is None  # listed: its load counts it now
+
+
 def test_two_hosts_on_one_device_report_its_capacity_once():
     """Two engine hosts of one machine's CPU split one device: together they carry what one would, not
     twice it; hosts on two devices carry one device's capacity each."""
     from libs.contracts import carried
 
-    row = ProfileRow(backend="world", tier=4, quantum_ms=10.0, block_ms=15.0, state_bytes=1,
+    row = ProfileRow(backend="world", tier=4, quantum_ms=7.0, block_ms=10.0, state_bytes=1,
                      media_s_per_block=0.1)
 
     def on(host_id: str, machine: str) -> EngineEntry:

@@ -409,11 +409,13 @@ async def test_the_heartbeat_load_is_what_admission_budgets_and_the_profile_foll
         await rt.open(OpenSession(session_id="c", backend="world", seed=1, session_class="C1", period_ms=1000.0,
                                   quality_floor=2))
         shape = rt.sched.tasks["c"].shape
-        rt.costs.learn(shape, 2, 1, 0.030)  # serving measured 30 ms for the floor tier; the profile said 10
+        # Every stage of a block is priced: the start-up profile's whole block (20 ms) seeds what serving
+        # learns (the stage sum); serving measured 30 ms for the floor tier.
+        rt.costs.learn(shape, 2, 1, 0.030)
         contract = Contract(session_class="C1", quality_floor=2, determinism="T1", period_ms=1000.0)
         row = floor_row(rt.refreshed_profile(rows), "world", 2)
-        assert row is not None and row.quantum_ms == pytest.approx(0.8 * 10.0 + 0.2 * 30.0)  # the cost EWMA
-        assert row.block_ms - row.quantum_ms == pytest.approx(10.0)  # start-up's off-device overhead, kept
+        assert row is not None and row.block_ms == pytest.approx(0.8 * 20.0 + 0.2 * 30.0)  # the cost EWMA
+        assert row.quantum_ms / row.block_ms == pytest.approx(0.5)  # start-up's denoise share, kept
         assert rt.busy_fraction() == pytest.approx(demand(contract, row).busy_fraction)
         assert rt.served_fraction() == pytest.approx(rt.costs.estimate(shape, rt.sched.tasks["c"].tier, 1))
         async with rt.boundaries.hold(rt.sessions.get("c")):  # a checkpoint or a move holds it: it still counts
@@ -422,3 +424,19 @@ async def test_the_heartbeat_load_is_what_admission_budgets_and_the_profile_foll
         assert rt.busy_fraction() == 0.0
     finally:
         await rt.stop()
+
+
+def test_a_block_is_never_priced_below_its_start_up_profile():
+    """A quiet device's lone blocks run cheaper than start-up measured; that cost would not hold beside the
+    sessions it admitted, so the price (admission's and the heartbeat's) keeps the start-up block as a floor,
+    while a block that got dearer is priced as learned. The scheduler still plans with what it learned."""
+    from services.engine_host.costs import CostModel
+
+    costs = CostModel()
+    costs.seed("w", 1, 0.015)
+    for _ in range(20):
+        costs.learn("w", 1, 1, 0.004)
+    assert costs.estimate("w", 1, 1) < 0.005 and costs.price("w", 1) == 0.015
+    for _ in range(20):
+        costs.learn("w", 1, 1, 0.030)
+    assert costs.price("w", 1) == costs.estimate("w", 1, 1) > 0.025

@@ -109,7 +109,7 @@ async def test_a_moved_session_journals_every_block_it_publishes(stack):
     await stack.engines_up("e0", "e1", SF_CHECKPOINT_EVERY_S="600")
     sid = "mv"
     await stack.create(sid, contract=Contract(session_class="C1", quality_floor=1, determinism="T1",
-                                              period_ms=20.0))  # a short period: blocks run in any gap
+                                              period_ms=1000.0))  # blocks keep running; one avatar block fits
     live: set[int] = set()
 
     async def on_chunk(chunk: OutputChunk) -> None:

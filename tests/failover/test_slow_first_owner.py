@@ -22,9 +22,10 @@ from libs.schemas.engine import OutputChunk
 from tests.fence.invariants import check_log, read_log
 from tests.support.waiting import eventually
 
-# A short period for the slow owner to miss: its denoise stage takes SLOW_S longer than the period.
-CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=100.0)
-SLOW_S = "0.15"
+# A period for the slow owner to miss: its denoise stage takes SLOW_S longer than the period. Admission
+# prices every stage of a block (an avatar's start-up block read up to 481 ms at load 20): the period must admit one.
+CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=1000.0)
+SLOW_S = "1.1"
 SOURCES = '[backend_sources]\nslow_avatar = "tests.recovery.slow_backend:SlowAvatar"\n'
 
 

@@ -102,9 +102,12 @@ class Owners:
     async def spec(self, session_id: str) -> tuple[Contract, str]:
         return self.specs[session_id]
 
-    async def mark(self, session_id: str, version: int, orphaned: str = "") -> None:
-        """Fence's orphan mark, kept as the hint shows it."""
-        self.marks.append((session_id, version, orphaned))
+    async def mark(self, session_id: str, version: int, orphaned: str = "", *, shed: str = "") -> None:
+        """Fence's marks, as asked for; a shed one also as the hint then shows it."""
+        self.marks.append((session_id, version, orphaned or shed))
+        if shed:
+            old = self.fleet.summary.get(session_id) or SessionSummary(session_id=session_id)
+            self.fleet.summary[session_id] = msgspec.structs.replace(old, state="suspended", reason=shed)
 
 
 class Reservations:

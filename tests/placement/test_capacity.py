@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.contracts import Guard
+from libs.contracts import Demand, Guard
 from libs.schemas.placement import HostRecord
 from services.placement import capacity
 from tests.admission.fleet import GIB, c1, host, rows
@@ -43,6 +43,20 @@ def test_reservations_spread_sessions_and_settle_once_heartbeats_show_them():
     settled = host("h0", busy=0.8, at=1000.0 + SETTLE)
     assert capacity.pending(records["h0"], settled, SETTLE) == []
     assert capacity.fit(c1(), "world", settled, records["h0"], GUARD, SETTLE).fits
+
+
+def test_a_reservation_holds_until_the_heartbeat_lists_the_session_not_until_a_time():
+    """The over-admission issue 23 measured: heartbeats newer than the placement that do not show the
+    session yet (it is still being assigned and built) must not free its room."""
+    import msgspec
+
+    est = first(capacity.by_room(c1(period_ms=20.0), "world", [host("h0", at=1000.0)], {}, GUARD, 30.0))
+    record = capacity.reserve(HostRecord(host_id="h0"), "s0", est, "inc", 1000.0)  # 0.5 of the device
+    later = host("h0", at=1010.0)  # ten seconds on, the session not listed: the load does not count it
+    assert capacity.pending(record, later, 30.0) == [Demand(busy_fraction=0.5, state_bytes=est.state_bytes)]
+    assert capacity.fit(c1(period_ms=20.0), "world", later, record, GUARD, 30.0).reason == "busy"
+    shown = msgspec.structs.replace(host("h0", busy=0.5, at=1001.0), session_ids=["s0"])
+    assert capacity.pending(record, shown, 30.0) == []
 
 
 def test_sessions_spread_over_devices_but_not_over_the_hosts_of_one_device():

@@ -97,3 +97,21 @@ async def test_a_round_suspends_a_session_idle_past_keep_warm_and_only_that_one(
     await asyncio.gather(*list(fleet._tasks))
     assert parts.engines.suspended == [("h0", "a")]
     assert not fleet.busy
+
+
+async def test_a_c1_session_no_device_can_keep_is_suspended_as_capacity_lost_and_its_summary_says_so():
+    """The one host's device measured past its limit (0.95 > 0.9) with nowhere to move: the round sheds its C1
+    session as `capacity_lost`, suspends it on its host, and the summary `statefleet status` prints names why."""
+    import msgspec
+
+    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=0.95)
+    parts = Parts([over], relieve_overload=True, rebalance=False)
+    parts.owners.own("a", "h0")
+    parts.engines.sessions = {"h0": [running("a", 1)]}
+    fleet = parts.controller()
+    decision = await fleet.round()
+    assert Suspend(session_id="a", host_id="h0", reason="capacity_lost") in decision.actions
+    await asyncio.gather(*list(fleet._tasks))
+    assert parts.engines.suspended == [("h0", "a")]
+    summary = parts.view.summary["a"]
+    assert summary.state == "suspended" and summary.reason.startswith("capacity_lost"), summary

@@ -40,6 +40,9 @@ class StopHost(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 class Suspend(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     session_id: str
     host_id: str
+    # "" (idle offload) | "overload" (a C2-C5 session shed from a device measured past its limit) |
+    # "capacity_lost" (a C1 session no device can keep: suspended and waiting for room, said out loud)
+    reason: str = ""
 
 
 class Resume(msgspec.Struct, frozen=True, kw_only=True, tag=True):

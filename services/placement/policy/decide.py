@@ -1,4 +1,4 @@
-"""One full fleet decision: resume, place, drain, suspend, rebalance, autoscale, in that order.
+"""One full fleet decision: resume, place, drain, relieve overload, suspend, rebalance, autoscale, in that order.
 
 Each step sees what the earlier ones did through one `Plan`, so the decision as a whole never
 over-commits a host and its moves (drain and rebalance together) share no receiver.
@@ -9,6 +9,7 @@ from __future__ import annotations
 from services.placement.policy.actions import Action, Decision, Place, Refusal
 from services.placement.policy.autoscale import autoscale
 from services.placement.policy.offload import resumes, suspends
+from services.placement.policy.overload import relieve
 from services.placement.policy.params import Params
 from services.placement.policy.placement import Placer, place
 from services.placement.policy.plan import Plan
@@ -35,7 +36,7 @@ def react(fleet: Fleet, params: Params) -> Decision:
 
 
 def decide(fleet: Fleet, params: Params, *, rebalancing: bool = True, scaling: bool = True,
-           offload: bool = True) -> Decision:
+           offload: bool = True, relieving: bool = False) -> Decision:
     plan = Plan(fleet, params)
     placer = Placer(plan)
     actions: list[Action] = []
@@ -55,6 +56,10 @@ def decide(fleet: Fleet, params: Params, *, rebalancing: bool = True, scaling: b
     moves, refused = drain_moves(plan)
     actions += moves
     refusals += refused
+    if relieving:  # before idle offload and rebalancing: a device past its limit is owed relief first
+        shed, refused = relieve(plan)
+        actions += shed
+        refusals += refused
     if offload:
         actions += suspends(plan)
     if rebalancing:

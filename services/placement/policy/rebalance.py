@@ -154,13 +154,15 @@ def drain_moves(plan: Plan, *, admit: Gate = admissible, receiver_limit: int = 1
         for s in sorted(plan.draining.get(src.host_id, ()), key=lambda x: x.session_id):
             if s.session_id in plan.claimed:
                 continue
-            m = _drain_one(plan, s, src, order, admit, receiver_limit, within_guard)
+            m = move_off(plan, s, src, order, admit, receiver_limit, within_guard)
             (moves if isinstance(m, Move) else refusals).append(m)
     return moves, refusals
 
 
-def _drain_one(plan: Plan, s: Session, src: HostLoad, order: list[HostLoad], admit: Gate,
-               receiver_limit: int, within_guard: bool) -> Move | Refusal:
+def move_off(plan: Plan, s: Session, src: HostLoad, order: list[HostLoad], admit: Gate,
+             receiver_limit: int, within_guard: bool) -> Move | Refusal:
+    """`s` off `src` onto the first of `order` that fits it and whose path admits the move (a drain's
+    and an overload's move: owed, not chosen for a gain), or why none does."""
     frozen = s.state == "suspended"
     probe = s if not frozen else _frozen(s)
     reason = "no_fit"

@@ -1,0 +1,78 @@
+"""Overload: a device measured past its limit is relieved in one decision, lower classes first.
+
+Admission prices sessions by what their hosts measured, but a device can still carry more than its
+limit: costs learned while serving rose, a noisy neighbour takes its cores. The host's own scheduler
+acts first (it steps sessions down their ladders toward their floors). What is left over is read here
+from the device's measured load (`EngineEntry.measured_fraction` summed over the hosts sharing it, not
+the model's prices) and shed session by session until the rest fits, in the issue's order:
+
+1. move a session live to a host on another device that has room (as a drain moves: owed, not chosen);
+2. else, for a C5, C4, C3 and then C2b / C2a session, suspend it (`reason="overload"`): its state leaves
+   the device and it resumes where there is room when input asks for it;
+3. else, a C1 session no device can keep is suspended with `reason="capacity_lost"`, so the service
+   says so in its summary (`statefleet status`) instead of serving it late.
+
+A session's part of the measured load is its priced share scaled by the device's measured over priced
+load: the device tells only its total.
+"""
+
+from __future__ import annotations
+
+from libs.contracts import device_key
+from services.placement.policy.actions import Move, Refusal, Suspend
+from services.placement.policy.plan import HostLoad, Plan
+from services.placement.policy.rebalance import admissible, move_off
+from services.placement.policy.snapshot import Session
+
+# Which sessions give way first: the classes that promise least (C1 last).
+SHED_ORDER = {"C5": 0, "C4": 1, "C3": 2, "C2b": 3, "C2a": 4, "C1": 5}
+
+
+def measured_over(plan: Plan) -> dict[str, float]:
+    """Each device measured past the limit (`1 - guard`), with the load above it."""
+    measured: dict[str, float] = {}
+    for hl in plan.loads.values():
+        key = device_key(hl.host.entry)
+        measured[key] = measured.get(key, 0.0) + hl.host.entry.measured_fraction
+    limit = 1.0 - plan.params.guard.busy_fraction
+    return {d: m - limit for d, m in measured.items() if m > limit}
+
+
+def relieve(plan: Plan) -> tuple[list[Move | Suspend], list[Refusal]]:
+    actions: list[Move | Suspend] = []
+    refusals: list[Refusal] = []
+    over = measured_over(plan)
+    for device in sorted(over):
+        on = [hl for hl in plan.loads.values() if device_key(hl.host.entry) == device]
+        priced = sum(hl.host.entry.busy_fraction for hl in on)
+        scale = sum(hl.host.entry.measured_fraction for hl in on) / priced if priced > 0 else 1.0
+        elsewhere = sorted((hl for hl in plan.open_loads() if device_key(hl.host.entry) not in over),
+                           key=lambda h: (h.busy, h.host_id))
+        excess = over[device]
+        for s, src in _shed_order(plan, on):
+            if excess <= 0:
+                break
+            share = plan.term(s, src)
+            excess -= (share.share if share is not None else 0.0) * scale
+            m = move_off(plan, s, src, elsewhere, admissible, receiver_limit=1, within_guard=False)
+            if isinstance(m, Move):
+                actions.append(m)
+                continue
+            refusals.append(m)
+            plan.take_away(s, src)
+            plan.claimed.add(s.session_id)
+            actions.append(Suspend(session_id=s.session_id, host_id=src.host_id,
+                                   reason="capacity_lost" if s.contract.session_class == "C1" else "overload"))
+    return actions, refusals
+
+
+def _shed_order(plan: Plan, on: list[HostLoad]) -> list[tuple[Session, HostLoad]]:
+    """The device's serving sessions no earlier step acted on: lower classes first, the largest share
+    first within a class (fewest sessions touched), then by id."""
+    out = []
+    for hl in on:
+        for s in hl.residents:
+            if s.state == "serving" and s.session_id not in plan.claimed:
+                t = plan.term(s, hl)
+                out.append((SHED_ORDER.get(s.contract.session_class, 0), -(t.share if t else 0.0), s.session_id, s, hl))
+    return [(s, hl) for *_, s, hl in sorted(out, key=lambda x: x[:3])]
