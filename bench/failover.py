@@ -46,13 +46,14 @@ import msgspec
 import nats.js.errors
 
 from bench.common import parser, percentile, table, write
+from bench.stack import answers
 from libs import bus, errors, logs, names
 from libs.contracts import Contract, Guard
 from libs.fence.ownership import assign, read_owner
 from libs.natsd import NatsServer
 from libs.procs import die_with_parent
 from libs.schemas.base import decode
-from libs.schemas.common import Ping, Pong, SessionSummary
+from libs.schemas.common import SessionSummary
 from libs.schemas.engine import OutputChunk, SessionInfo, SessionRef
 from libs.schemas.fence import Claim, LogRecord, RegisterReply, RegisterRequest
 from libs.schemas.placement import Placement, PlaceRequest
@@ -166,11 +167,7 @@ class Bench:
         return all(p.liveness.entry(h) is not None for p in placements for h in self.engines)
 
     async def answers(self, host_id: str) -> bool:
-        try:
-            await bus.request(self.nc, names.engine_subject(host_id, "ping"), Ping(), Pong, timeout_s=0.5)
-            return True
-        except errors.StatefleetError:
-            return False
+        return await answers(self.nc, names.engine_subject(host_id, "ping"))
 
     async def _on_output(self, msg) -> None:
         c = decode(msg.data, OutputChunk)

@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs import bus, names
-from libs.errors import StatefleetError
+from nats.aio.client import Client as NATS
+
+from libs import bus, errors, names
 from libs.natsd import free_port
 from libs.procs import die_with_parent
 from libs.schemas.common import Ping, Pong
@@ -114,8 +115,7 @@ class UpStack:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not ready: {sorted(pending)}")
                 for subject in list(pending):
-                    with contextlib.suppress(Exception):
-                        await bus.request(nc, subject, Ping(), Pong, timeout_s=1.0)
+                    if await answers(nc, subject, timeout_s=1.0):
                         pending.discard(subject)
                 await asyncio.sleep(0.25)
             # Ready means placement can place on every host: each placement instance learns of a host from
@@ -130,7 +130,7 @@ class UpStack:
                 try:
                     listed = await bus.request(nc, names.PLACEMENT_HOSTS, HostsRequest(), HostList, timeout_s=2.0)
                     up = {h.host_id for h in listed.hosts if h.state == "up"}
-                except StatefleetError:
+                except errors.StatefleetError:
                     up = set()
                 in_a_row = in_a_row + 1 if set(self.host_ids) <= up else 0
                 await asyncio.sleep(0.1 if in_a_row else 0.25)
@@ -182,3 +182,13 @@ def _env_of(pid: int) -> dict[str, str]:
     except OSError:
         return {}
     return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+
+
+async def answers(nc: NATS, subject: str, timeout_s: float = 0.5) -> bool:
+    """Whether whoever serves the ping verb `subject` answers now (a process still starting does not)."""
+    try:
+        with bus.unavailable(f"ping on {subject}"):  # whatever else the bus says: not answering yet
+            await bus.request(nc, subject, Ping(), Pong, timeout_s=timeout_s)
+        return True
+    except errors.StatefleetError:
+        return False

@@ -27,8 +27,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 # four sessions read more than the whole device on a loaded 2-core machine (1.17 seen at load 12): the new
 # host read `busy` for as long as the test waited, and no session moved. The avatar here paints 64-pixel
 # frames (a backends file, `SF_BACKEND_CONFIGS`), a quarter of the default's block time or less: a block
-# takes a few ms on a quiet core, ~1/50 of the 400 ms period for each of the up to MAX_SESSIONS the device
-# holds, so the new host has room under the load that made the default read busy. The sessions stay at
+# takes a few ms on a quiet core, ~1/50 of the 400 ms period. Under load a session's learned cost still
+# grows with the machine's (0.13 of the device each seen at load 16), so the trickle of arrivals below
+# closes each of its sessions as the next one arrives: the device never holds more than HIGH + 1, and the
+# new host has room under the load that made the default read busy. The sessions stay at
 # the avatar's best tier (floor 8), its costliest quantum: the rebalancer's gain is the queueing a move
 # takes off the bottleneck, which must stay well above the noise in two hosts' profiled block times
 # (a cheaper tier on 64-pixel frames left it below: no move was made). The test is about the machinery
@@ -47,9 +49,9 @@ AVATAR = "[avatar]\nimage = 64\n"
 # being far below the default target (0.5 of a host), the fleet scales in to one host by a drain.
 # The autoscaler's view of each round is in the placement logs (`fleet_autoscale`).
 # Arrivals keep the pool for ARRIVAL_WINDOW_S after the last one: the trickle outlasts a host's boot on a
-# loaded machine (MAX_SESSIONS - HIGH arrivals, one every TRICKLE_S), so the new host is not scaled in
+# loaded machine (MAX_ARRIVALS - HIGH arrivals, one every TRICKLE_S), so the new host is not scaled in
 # before the rebalancer could use it.
-HIGH, KEEP, MAX_SESSIONS = 4, 2, 12
+HIGH, KEEP, MAX_ARRIVALS = 4, 2, 14
 ARRIVAL_WINDOW_S, TRICKLE_S = 10.0, 3.0
 # Decide every half second; no idle offload (input flows anyway); any predicted gain moves (η = 0: see
 # test_rebalance_service.py), each session at most once per 30 s. The rebalancer never makes a move whose
@@ -106,25 +108,42 @@ async def test_a_load_swing_scales_out_rebalances_live_then_drains_and_stops_a_h
 
         assert await live() == {"engine-0"}
 
-        async def open_one() -> None:
-            c = await open_session(nc, http, stack.admission_url, c1_contract(floor=8), seed=len(clients) + 1)
+        async def open_one(seed: int) -> SessionClient:
+            c = await open_session(nc, http, stack.admission_url, c1_contract(floor=8), seed=seed)
             c.start_input(http, ITEM_EVERY_S)
             clients.append(c)
+            return c
 
-        for _ in range(HIGH):  # the swing up: a burst of arrivals, all on engine-0 (first fit)
-            await open_one()
+        async def close(c: SessionClient) -> None:
+            await c.stop_input()
+            async with http.delete(f"{stack.admission_url}/v1/sessions/{c.sid}") as r:
+                assert r.status in (200, 202, 204), await r.text()
+
+        for seed in range(1, HIGH + 1):  # the swing up: a burst of arrivals, all on engine-0 (first fit)
+            await open_one(seed)
         spread = asyncio.Event()
 
-        async def trickle() -> None:  # and arrivals go on until the rebalancer moved a session to a new host
-            while not spread.is_set() and len(clients) < MAX_SESSIONS:
+        async def trickle() -> None:
+            # Arrivals go on until the rebalancer moved a session to a new host. Each closes the trickle's
+            # session before it while that one is still on engine-0 (a moved one stays: the test follows it),
+            # so the device's load stays that of HIGH + 1 sessions however long the new host takes to boot.
+            previous = None
+            for seed in range(HIGH + 1, MAX_ARRIVALS + 1):
                 await asyncio.sleep(TRICKLE_S)
-                await open_one()
+                if spread.is_set():
+                    return
+                arrived = await open_one(seed)
+                if previous is not None and not spread.is_set() and \
+                        (await read_owner(nc.jetstream(), previous.sid)).view.owner.server_id == "engine-0":
+                    clients.remove(previous)
+                    await close(previous)
+                previous = arrived
 
         feeder = asyncio.create_task(trickle())
         await eventually(lambda: _more_than_one(live), 60, every_s=0.25, what="a second engine host started")
 
         async def owners() -> dict[str, str]:
-            return {c.sid: (await read_owner(nc.jetstream(), c.sid)).view.owner.server_id for c in clients}
+            return {c.sid: (await read_owner(nc.jetstream(), c.sid)).view.owner.server_id for c in list(clients)}
 
         async def moved_off_engine_0():
             now = await owners()
@@ -147,9 +166,7 @@ async def test_a_load_swing_scales_out_rebalances_live_then_drains_and_stops_a_h
         swing_down = time.monotonic()
         for c in clients:
             if c not in keep:
-                await c.stop_input()
-                async with http.delete(f"{stack.admission_url}/v1/sessions/{c.sid}") as r:
-                    assert r.status in (200, 202, 204), await r.text()
+                await close(c)
 
         async def scaled_in():
             now = await live()

@@ -14,10 +14,10 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
+from bench.stack import answers
 from libs import bus, errors, names
 from libs.contracts import Contract, Guard
 from libs.fence.ownership import assign, read_owner
-from libs.schemas.common import Ping, Pong
 from libs.schemas.engine import SessionInfo, SessionRef
 from libs.schemas.fence import RegisterReply, RegisterRequest
 from libs.schemas.placement import Placement, PlaceRequest
@@ -102,11 +102,7 @@ class Stack:
         return all(p.liveness.entry(host_id) is not None for p in self.placements if not p._stopping.is_set())
 
     async def answers(self, host_id: str) -> bool:
-        try:
-            await bus.request(self.nc, names.engine_subject(host_id, "ping"), Ping(), Pong, timeout_s=0.5)
-            return True
-        except errors.StatefleetError:
-            return False
+        return await answers(self.nc, names.engine_subject(host_id, "ping"))
 
     async def create(self, sid: str, guard: Guard | None = None, contract: Contract = CONTRACT,
                      backend: str = "avatar") -> Placement:
