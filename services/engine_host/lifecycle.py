@@ -116,7 +116,7 @@ class Lifecycle:
             # for it to end would otherwise wait forever.
             s.no_block_left()
             self.wake()
-            await self._end_journal(s, drain=drain)
+            await self._end_output(s, drain=drain)
         return SessionInfo(**{**{f: getattr(info, f) for f in info.__struct_fields__}, "state": "closed"})
 
     def fail(self, s: Session, error: BaseException) -> None:
@@ -139,10 +139,10 @@ class Lifecycle:
             s = self.sessions.lookup(sid)
             self.sessions.remove(sid)
             if s is not None:
-                await self._end_journal(s, drain=False)
+                await self._end_output(s, drain=False)
 
     @staticmethod
-    async def _end_journal(s: Session, *, drain: bool) -> None:
+    async def _end_output(s: Session, *, drain: bool) -> None:
         """A closing session's journal and outbox: their waiting blocks go out first (the outbox's always:
         its blocks are done and need nothing but the encode; the journal's when draining), then their
         tasks end."""

@@ -1,6 +1,6 @@
 """An unfenced session's output goes out through its outbox: every block once, in block order, off the
 block's critical path (the next block runs while one is published), bounded, and out before `advance`
-returns or a block boundary is held."""
+returns or a block boundary is held; a journal attached later publishes nothing before it is drained."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import asyncio
 
 import pytest
 
+from libs.fence import session_log
+from libs.fence.block_journal import BlockJournal
 from libs.schemas.base import decode
 from libs.schemas.engine import OpenSession, OutputChunk
+from libs.schemas.fence import Owner
 from services.engine_host.runtime import EngineRuntime
 from services.engine_host.sink import MAX_JOURNAL_BACKLOG
 from tests.support.waiting import eventually
@@ -87,3 +90,22 @@ async def test_a_block_boundary_sees_every_earlier_block_published(served):
 async def _hold(rt: EngineRuntime, sid: str, bus: GatedBus) -> list[int]:
     async with rt.block_boundary(sid):
         return list(bus.blocks)
+
+
+async def test_a_journal_attached_later_publishes_after_the_outbox_is_drained(served, nc):
+    rt, bus = served
+    js = nc.jetstream()
+    await session_log.provision(js)
+    bus.gate.clear()
+    early = asyncio.create_task(rt.advance("o", 3))  # unfenced blocks whose output is stuck in the outbox
+    await until(lambda: rt.info("o").blocks_done == 3, "the unfenced blocks did not run")
+    rt.gate("o")
+    writer, _ = await BlockJournal.take(js, "o", Owner(server_id="h1", version=1))
+    rt.attach_journal("o", writer)
+    rt.ungate("o")
+    late = asyncio.create_task(rt.advance("o", 3))  # journaled blocks: recorded, then published
+    await until(lambda: rt.info("o").blocks_done == 6, "the journaled blocks did not run")
+    bus.gate.set()
+    await asyncio.gather(early, late)
+    await rt.sessions.get("o").journal.flushed()
+    assert bus.blocks == [1, 2, 3, 4, 5, 6]
