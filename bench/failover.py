@@ -123,8 +123,9 @@ class Engine:
                "SF_CHECKPOINT_DIR": str(self.tmp / "ckpt"), "SF_LOG_JSON": "true",
                "SF_HOSTS_ON_MACHINE": str(self.hosts_on_machine)}
         with open(self.tmp / f"{self.host_id}.log", "ab") as log:
+            # die_with_parent: a bench stopped by a time limit leaves no engine host behind
             self.proc = subprocess.Popen([sys.executable, "-m", "statefleet", "serve", "engine_host"], env=env,
-                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
     def kill(self) -> float:
         at = time.time()

@@ -33,6 +33,13 @@ async def read_tail(js: JetStreamContext, session_id: str) -> tuple[BlockEntry |
     return (None, 0) if raw is None else (decode(raw.data, BlockEntry), raw.seq)
 
 
+async def recorded_threads(js: JetStreamContext, session_id: str) -> int:
+    """The intra-op thread count the session's journal records (`BlockEntry.threads`; 0: none recorded).
+    Every entry of a session records the same count and a purge keeps the tail, so the tail tells it."""
+    tail, _ = await read_tail(js, session_id)
+    return tail.threads if tail is not None else 0
+
+
 async def read_all(js: JetStreamContext, session_id: str, through: int) -> list[tuple[int, BlockEntry]]:
     """Every entry of the journal up to stream sequence `through`, in order, with its stream sequence,
     as the journal stood at one moment.
@@ -70,23 +77,26 @@ async def _next_entry(js: JetStreamContext, subject: str, pos: int, session_id: 
 class BlockJournal:
     """The claimed owner's writer of one session's journal (see the module doc)."""
 
-    def __init__(self, js: JetStreamContext, session_id: str, owner: Owner, tail_seq: int) -> None:
+    def __init__(self, js: JetStreamContext, session_id: str, owner: Owner, tail_seq: int, threads: int = 0) -> None:
         self.js, self.session_id, self.owner = js, session_id, owner
+        self.threads = threads  # recorded in every entry (BlockEntry.threads)
         self.tail_seq = tail_seq  # the stream sequence of our last entry: the next append's CAS
         self.entry_seqs: list[tuple[int, int]] = []  # (stream seq, last block) of the entries kept, for purging
 
     @classmethod
-    async def take(cls, js: JetStreamContext, session_id: str, owner: Owner) -> tuple[BlockJournal, list[BlockEntry]]:
-        """Seal the journal for `owner` (its claim must have landed) and return what it held before."""
+    async def take(cls, js: JetStreamContext, session_id: str, owner: Owner,
+                   threads: int = 0) -> tuple[BlockJournal, list[BlockEntry]]:
+        """Seal the journal for `owner` (its claim must have landed) and return what it held before.
+        `threads`: the count the session's blocks run at, recorded in the seal and every entry after."""
         check_session_id(session_id)
         for _ in range(bus.MAX_CAS_ATTEMPTS):
             tail, seq = await read_tail(js, session_id)
             replay.decide_append(tail, owner)
             entries = await read_all(js, session_id, seq)
-            journal = cls(js, session_id, owner, seq)
+            journal = cls(js, session_id, owner, seq, threads)
             journal.entry_seqs = [(at, e.blocks[-1].block) for at, e in entries if e.blocks]
             try:
-                await journal._publish(BlockEntry(server_id=owner.server_id, version=owner.version))
+                await journal._publish(BlockEntry(server_id=owner.server_id, version=owner.version, threads=threads))
             except errors.Conflict:
                 continue  # an older owner's entry landed meanwhile: read it too
             return journal, [e for _, e in entries]
@@ -96,7 +106,7 @@ class BlockJournal:
         """Make `blocks` (and the quiet window after them, see `BlockEntry`) durable, or raise
         `Conflict(reason="fenced")` if a newer owner sealed the journal."""
         entry = BlockEntry(server_id=self.owner.server_id, version=self.owner.version, blocks=blocks,
-                           quiet_through=quiet_through)
+                           quiet_through=quiet_through, threads=self.threads)
         for _ in range(bus.MAX_CAS_ATTEMPTS):
             try:
                 await self._publish(entry)

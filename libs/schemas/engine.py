@@ -49,6 +49,10 @@ class OpenSession(Msg):
     determinism: DeterminismTier = "T0"  # T0 sessions are never coalesced into a batch (bitwise replay)
     image: RawImage | None = None  # init inputs besides the prompt, for backends that start from them
     audio: bytes = b""
+    # Torch intra-op threads every block of a T0/T1 session runs at, wherever it runs (its bytes depend on
+    # the count): 0 at its first open, which pins the opening host's count; a move, checkpoint or block
+    # journal carries it to the next host. A T2 session runs at each host's own count (0).
+    threads: int = 0
 
     def init(self) -> SessionInit:
         return SessionInit(prompt=self.prompt, image=self.image, audio=self.audio)
@@ -89,6 +93,7 @@ class SessionInfo(Msg):
     rejected_inputs: int = 0  # input items the backend refused: skipped, each reported on the output stream
     last_rejected_seq: int = 0
     last_rejected_detail: str = ""
+    threads: int = 0  # the intra-op threads its blocks run at (OpenSession.threads); 0: the host's own
 
 
 class CheckpointRef(Msg):
@@ -199,3 +204,4 @@ class SessionDescriptor(Msg):
     # The leaf roles the tree carries: ["moved"], or ["moved", "rebuildable"] when the source judged
     # a rebuild dearer than sending those leaves (`rebuild_choice`); the destination rebuilds the rest.
     sent_roles: tuple[str, ...] = ("moved",)
+    threads: int = 0  # OpenSession.threads: the count the session's blocks run at (0: each host's own)

@@ -254,13 +254,18 @@ class BlockEntry(Msg):
 
     `quiet_through`: the owner may publish blocks after this entry's last block, up to and including
     this one, without another record as long as each consumes no item at the last block's tier; a
-    replacement regenerates every such block not recorded later (they may have been shown). 0: none."""
+    replacement regenerates every such block not recorded later (they may have been shown). 0: none.
+
+    `threads`: the torch intra-op threads the session's blocks run at (`OpenSession.threads`, the same
+    in every entry of a session): a replacement starting from the seed opens the session at it, so it
+    regenerates the same bytes. 0: each host's own (a T2 session, or an entry from before it was kept)."""
 
     server_id: str
     version: int
     blocks: list[ConsumedBlock] = []
     at: float = 0.0
     quiet_through: int = 0
+    threads: int = 0
 
 
 class AppliedCursor(Msg):

@@ -35,7 +35,7 @@ import structlog
 from libs import bus, logs
 from libs.contracts import Contract
 from libs.errors import Busy, Conflict, IntegrityError, NotFound, StatefleetError
-from libs.fence.block_journal import BlockJournal
+from libs.fence.block_journal import BlockJournal, recorded_threads
 from libs.fence.client import EngineClient, Lease
 from libs.fence.replay import replay_plan
 from libs.schemas.base import decode
@@ -53,13 +53,14 @@ TAKE_RETRY_S = 60.0
 
 
 
-def open_spec(meta: SessionMeta) -> OpenSession:
-    """The engine session a registered session starts as, from its contract and init inputs."""
+def open_spec(meta: SessionMeta, threads: int = 0) -> OpenSession:
+    """The engine session a registered session starts as, from its contract and init inputs, at the
+    thread count its block journal records (0: none yet, the first open pins this host's)."""
     contract = decode(meta.contract, Contract)  # a malformed one is a SchemaError, like every message
     return OpenSession(session_id=meta.session_id, backend=meta.backend, seed=meta.seed, prompt=meta.prompt,
                        image=meta.image, audio=meta.audio,
                        quality_floor=contract.quality_floor, session_class=contract.session_class,
-                       period_ms=contract.release_period_ms, determinism=contract.determinism)
+                       period_ms=contract.release_period_ms, determinism=contract.determinism, threads=threads)
 
 
 class FencedHost(Protocol):
@@ -188,14 +189,16 @@ class Assignments:
             except (NotFound, IntegrityError) as e:
                 # Deterministic backends replay to the same state: seed + every item from the start.
                 log.warning("checkpoint_unusable", session_id=sid, key=meta.checkpoint_ref, code=e.code)
-        info = await self.host.open(open_spec(meta), gated=True)
+        # From the seed at the count the session's blocks were recorded at, so replayed ones are the same bytes.
+        threads = await recorded_threads(self.client.js, sid)
+        info = await self.host.open(open_spec(meta, threads), gated=True)
         return info.input_cursor
 
     async def _take_journal(self, lease: Lease, *, installed_here: bool) -> tuple[OutputJournal, list[ConsumedBlock]]:
         """Seal the session's block journal for our claim and attach it; return the recorded blocks
         after the installed state, which must be regenerated before any live block."""
         sid = lease.session_id
-        writer, entries = await BlockJournal.take(self.client.js, sid, lease.owner)
+        writer, entries = await BlockJournal.take(self.client.js, sid, lease.owner, threads=self.host.info(sid).threads)
         if installed_here:
             await self._catch_up_checkpoint(sid)
         info = self.host.info(sid)

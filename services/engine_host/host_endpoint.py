@@ -20,12 +20,13 @@ from libs.errors import BadRequest, Conflict
 from libs.schemas.base import decode, encode
 from libs.schemas.common import BackendInfo
 from libs.schemas.engine import OpenSession, SessionDescriptor, SessionInit
+from services.engine_host import torch_threads
 from services.engine_host.backends import Backend
 from services.engine_host.backends import spec as specs
 from services.engine_host.backends.base import init_kinds, max_init_bytes
 from services.engine_host.boundary import Boundaries
 from services.engine_host.costs import Backends, shape_of
-from services.engine_host.lifecycle import Lifecycle
+from services.engine_host.lifecycle import Lifecycle, session_threads
 from services.engine_host.rebuild_choice import MOVED, WITH_REBUILDABLE, RebuildChoice
 from services.engine_host.scheduler import Task
 from services.engine_host.session import SID_RE, Pending, Session, SessionTable
@@ -44,7 +45,7 @@ def describe(s: Session, task: Task | None, *, with_pending: bool,
         blocks_done=s.blocks_done,
         input_cursor=s.input_cursor if with_pending else s.consumed_seq, consumed_seq=s.consumed_seq,
         pending=[p.item for p in s.pending] if with_pending else [], image=sp.image, audio=sp.audio,
-        sent_roles=sent_roles)
+        sent_roles=sent_roles, threads=sp.threads)
 
 
 class HostEndpoint:
@@ -87,14 +88,17 @@ class HostEndpoint:
         if not SID_RE.match(session_id):
             raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=session_id)
         init = SessionInit(prompt=d.prompt, image=d.image, audio=d.audio)
-        tree, rebuild_s = await self.in_thread(complete, backend, tree, d.seed, init, roles)
+        threads = session_threads(d.determinism, d.threads, self.lifecycle.threads)  # what rebuilt leaves derive at
+        tree, rebuild_s = await self.in_thread(torch_threads.pinned(threads, complete), backend, tree, d.seed, init,
+                                               roles)
         if rebuild_s is not None:
             self.rebuilds.observe(backend, rebuild_s)
         s = self.sessions.lookup(session_id)
         if s is None:
             spec = OpenSession(session_id=session_id, backend=d.backend, seed=d.seed, prompt=d.prompt, tier=d.tier,
                                quality_floor=d.quality_floor, session_class=d.session_class,
-                               period_ms=d.period_ms, determinism=d.determinism, image=d.image, audio=d.audio)
+                               period_ms=d.period_ms, determinism=d.determinism, image=d.image, audio=d.audio,
+                               threads=d.threads)
             if not SID_RE.fullmatch(session_id):
                 raise BadRequest(f"session id must match {SID_RE.pattern}", session_id=session_id)
             s = await self.lifecycle.admit(spec, backend, tree, gated=gated)

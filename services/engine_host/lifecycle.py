@@ -12,12 +12,14 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import structlog
 
 from libs import init_inputs
 from libs.errors import BadRequest, Busy, Conflict
 from libs.schemas.engine import OpenSession, SessionInfo
-from libs.session_classes import PERIODIC, coalescable
+from libs.session_classes import PERIODIC, DeterminismTier, coalescable
+from services.engine_host import torch_threads
 from services.engine_host.backends import Backend
 from services.engine_host.backends.base import init_kinds, max_init_bytes, paced_output
 from services.engine_host.costs import Backends, shape_of
@@ -34,12 +36,28 @@ InThread = Callable[..., Awaitable[Any]]
 JOURNAL_DRAIN_S = 5.0  # a drained close waits this long for the journal (the bus may be away)
 
 
+def session_threads(determinism: DeterminismTier, recorded: int, host: int) -> int:
+    """The torch intra-op threads a session's blocks run at on this host: a T0/T1 session's recorded
+    count, or this host's at its first open (its bytes depend on the count: MKL's GEMM rounds otherwise
+    at 1 thread than at 2); a T2 session's, this host's (it promises no bits)."""
+    if coalescable(determinism):
+        return host
+    return recorded or host
+
+
+def pinned_spec(spec: OpenSession, host: int) -> OpenSession:
+    """`spec` recording the count a T0/T1 session is pinned to (0 for T2: each host its own)."""
+    threads = 0 if coalescable(spec.determinism) else spec.threads or host
+    return spec if threads == spec.threads else msgspec.structs.replace(spec, threads=threads)
+
+
 class Lifecycle:
     def __init__(self, sessions: SessionTable, backends: Backends, sched: EdfScheduler,
                  pipeline: StagePipeline[BlockJob, Dispatch], *, max_sessions: int, in_thread: InThread,
                  clock: Callable[[], float], wake: Callable[[], None], gate: Callable[[Session], None],
-                 c1_pacing: bool = True) -> None:
+                 c1_pacing: bool = True, threads: int = 1) -> None:
         self.sessions = sessions
+        self.threads = threads  # this host's torch intra-op threads
         self.backends = backends
         self.sched = sched
         self.pipeline = pipeline
@@ -76,7 +94,9 @@ class Lifecycle:
 
     async def open(self, spec: OpenSession, *, gated: bool = False) -> Session:
         backend = self.validate_open(spec)
-        state = await self.in_thread(backend.init_state, spec.seed, spec.init())
+        spec = pinned_spec(spec, self.threads)
+        threads = session_threads(spec.determinism, spec.threads, self.threads)
+        state = await self.in_thread(torch_threads.pinned(threads, backend.init_state), spec.seed, spec.init())
         return await self.admit(spec, backend, state, gated=gated)
 
     async def admit(self, spec: OpenSession, backend: Backend, state: dict, *, gated: bool = False) -> Session:
@@ -84,9 +104,10 @@ class Lifecycle:
         A gated session runs no block until the caller ungates it (a fenced host first learns
         which blocks it must regenerate)."""
         now = self.clock()
+        spec = pinned_spec(spec, self.threads)
         s = Session(spec=spec, backend=backend, shape=shape_of(backend), state=state,
                     stats=SessionStats(spec.session_id, spec.backend, backend.media_s_per_block, now),
-                    last_end=now)
+                    last_end=now, threads=session_threads(spec.determinism, spec.threads, self.threads))
         if spec.session_class == "C1" and self.c1_pacing and paced_output(backend):
             s.playout = Playout(spec.period_ms / 1000)
         await self.pipeline.open(spec.session_id)

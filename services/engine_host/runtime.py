@@ -84,6 +84,7 @@ class EngineRuntime:
         self.gate_moved_in = gate_moved_in
         self.checkpoints = checkpoints
         self.work = torch_threads.executor("engine-work", workers=2)  # init, offload, snapshots, profile
+        self.threads = torch.get_num_threads()  # this host's intra-op count (a T0/T1 session keeps its own)
         self.sessions = SessionTable(host_id)
         self.costs = CostModel()
         self.backends = Backends(self.device, backend_configs or {}, registry or Registry(), on_build=self.costs.shape)
@@ -96,7 +97,7 @@ class EngineRuntime:
         self.boundaries = Boundaries(self.sched, clock, wake)
         self.lifecycle = Lifecycle(self.sessions, self.backends, self.sched, self.pipeline,
                                    max_sessions=max_sessions, in_thread=self.in_thread, clock=clock, wake=wake,
-                                   gate=self.boundaries.gate, c1_pacing=c1_pacing)
+                                   gate=self.boundaries.gate, c1_pacing=c1_pacing, threads=self.threads)
         self.sink = OutputSink(publish, self.costs, fail=self.lifecycle.fail, clock=clock)
         self.rebuilds = RebuildChoice(rebuild_policy, move_wire_bps)
         self.endpoint = HostEndpoint(self.sessions, self.backends, self.lifecycle, self.boundaries,

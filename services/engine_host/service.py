@@ -162,8 +162,8 @@ class EngineHostService(Service):
 
     async def setup(self) -> None:
         cfg: EngineHostConfig = self.config
-        torch.set_num_threads(cfg.torch_threads or torch_threads.default_count(torch_threads.machine_cores(),
-                                                                               cfg.hosts_on_machine))
+        torch_threads.pin(cfg.torch_threads or torch_threads.default_count(torch_threads.machine_cores(),
+                                                                           cfg.hosts_on_machine))
         ttl = names.ENGINES_TTL_S  # liveness is placement's to judge; the TTL only clears dead entries
         self.engines_kv = await bus.ensure_kv(self.js, names.ENGINES_BUCKET, ttl_s=ttl, replicas=cfg.nats_replicas)
         objects = await bus.ensure_object_store(self.js, names.CHECKPOINTS_BUCKET, replicas=cfg.nats_replicas)

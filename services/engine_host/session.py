@@ -91,6 +91,7 @@ class Session:
     journal: OutputJournal | None = None  # a fenced session's output gate (see journal.py)
     outbox: Outbox | None = None  # an unfenced one's ordered output (see outbox.py), made at its first output
     playout: Playout | None = None  # a C1 session's output pacing (see playout.py)
+    threads: int = 1  # torch intra-op threads its blocks run at (lifecycle.session_threads)
 
     @property
     def sid(self) -> str:
@@ -104,7 +105,8 @@ class Session:
                            consumed_seq=self.consumed_seq, state_bytes=tree_bytes(self.state),
                            skipped_blocks=task.skipped if task else 0, rejected_inputs=self.rejected_inputs,
                            last_rejected_seq=self.last_rejected.seq if self.last_rejected else 0,
-                           last_rejected_detail=self.last_rejected.error.detail if self.last_rejected else "")
+                           last_rejected_detail=self.last_rejected.error.detail if self.last_rejected else "",
+                           threads=s.threads)
 
     def accept(self, item: InputItem, now: float) -> int | Rejected:
         """Queue one released input item, in seq order; returns the new input cursor, or the

@@ -3,6 +3,9 @@
 A `BlockJob` is one session's block as it crosses the stages; a work carries the jobs of one
 dispatch (a single block, or a coalesced batch of one shape and tier).
 
+Each stage body runs at its work's thread count (`Session.threads`): a T0/T1 session's blocks keep the
+count it was started with on every host, so a replacement regenerates the same bytes.
+
 An error fails only the session whose block raised it: encode and decode run per session and
 mark just the item that raised; a coalesced denoise that raises is run again one session at a
 time, so the sessions that did not cause it go on. That retry relies on `denoise_batch` changing
@@ -20,6 +23,7 @@ from typing import Any
 
 import torch
 
+from services.engine_host import torch_threads
 from services.engine_host.backends import Output
 from services.engine_host.backends.spec import LeafSnapshot, StateLayoutError
 from services.engine_host.scheduler import Dispatch
@@ -44,7 +48,13 @@ class BlockJob:
 BlockWork = Work[BlockJob, Dispatch]
 
 
+def _pin(work: BlockWork) -> None:
+    """Run the work at its sessions' thread count (one count: only T2 sessions, at the host's, share a work)."""
+    torch_threads.pin(work.items[0].data.session.threads)
+
+
 def encode(work: BlockWork) -> None:
+    _pin(work)
     for it in work.items:
         job = it.data
         try:
@@ -60,6 +70,7 @@ def denoise(work: BlockWork) -> None:
         return
     jobs = [it.data for it in live]
     backend = jobs[0].session.backend
+    _pin(work)
     try:
         carries = backend.denoise_batch([j.session.state for j in jobs], [j.carry for j in jobs], work.meta.tier)
     except Exception:
@@ -76,6 +87,7 @@ def denoise(work: BlockWork) -> None:
 
 
 def decode(work: BlockWork) -> None:
+    _pin(work)
     for it in work.items:
         if it.error is not None:
             continue

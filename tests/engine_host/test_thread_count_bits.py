@@ -1,55 +1,108 @@
-"""A block's bytes must not depend on the torch intra-op thread count of the host that runs it (issue 29):
-a replacement regenerates the dead owner's journalled blocks, and the journal does not record the
-owner's thread count. Today the avatar backend's output differs between 1 and 2 threads (found
-2026-12-02, deterministic for each count), so a failover between hosts whose thread counts differ
-(`torch_threads`, or a default derived from the cores and the hosts on the machine) would regenerate
-different bytes. Strict xfail until the thread count is fixed across a fleet, or recorded and
-matched; then this passes and the marker goes."""
+"""A T0 session's blocks are the same bytes on hosts whose torch intra-op thread counts differ (issue 29).
+
+A replacement regenerates the dead owner's journalled blocks, and a move's destination runs the
+session on; either may have another thread count than the host the session started on (`torch_threads`,
+or the default derived from the cores and the hosts sharing them), and the avatar backend's bytes
+differ between 1 and 2 threads (MKL's GEMM; each count deterministic). So a T0/T1 session keeps the
+count it was first opened at (`OpenSession.threads`), carried by the move's descriptor, the checkpoint
+and the block journal, and every host runs its blocks at that count. Two runtimes in this process
+stand for the two hosts: each takes the count of the thread that builds it, as an engine host does.
+"""
 
 from __future__ import annotations
 
-import threading
+import json
 
-import pytest
 import torch
 
-from libs.schemas.engine import SessionInit
-from services.engine_host.backends import Registry, make_backend
+from libs.checkpoint import clone_tree
+from libs.schemas.base import decode
+from libs.schemas.common import InputItem
+from libs.schemas.engine import OpenSession, OutputChunk, SessionDescriptor
+from services.engine_host import torch_threads
+from services.engine_host.runtime import EngineRuntime
 
 
-def block_bytes(backend: str, threads: int) -> list[bytes]:
-    """Three blocks of a fresh session run on a thread with `threads` intra-op threads: their output tensors' bytes."""
-    out: list[bytes] = []
-    errors: list[BaseException] = []
+class Outputs:
+    """Every chunk a runtime publishes, as {(session, block, kind, part): bytes}."""
 
-    def run() -> None:
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            b = make_backend(Registry({}), backend, b"", torch.device("cpu"))
-            state = b.init_state(7, SessionInit(prompt="narrator"))
-            for _ in range(3):
-                carry = b.denoise(state, b.encode(state, []), b.tiers[0])
-                result = b.decode(state, carry)
-                out.append(result.frames.contiguous().numpy().tobytes())
-                assert result.audio is not None
-                out.append(result.audio.contiguous().numpy().tobytes())
-        except BaseException as e:  # re-raised on the test's thread
-            errors.append(e)
-        finally:
-            torch.set_num_threads(before)
+    def __init__(self) -> None:
+        self.parts: dict[tuple[str, int, str, int], bytes] = {}
 
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if errors:
-        raise errors[0]
-    return out
+    async def __call__(self, subject: str, payload: bytes) -> None:
+        c = decode(payload, OutputChunk)
+        self.parts[(c.session_id, c.block, c.kind, c.part)] = c.data
+
+    def blocks(self, sid: str, first: int = 1) -> list[tuple[int, str, int, bytes]]:
+        return sorted((b, k, p, d) for (s, b, k, p), d in self.parts.items() if s == sid and b >= first)
 
 
-@pytest.mark.xfail(strict=True, reason="avatar's output bytes depend on the torch thread count (issue 29)")
-def test_avatar_blocks_are_the_same_bytes_at_one_and_two_threads():
-    one, two = block_bytes("avatar", 1), block_bytes("avatar", 2)
-    assert one == block_bytes("avatar", 1)  # deterministic at one count: the xfail is the count, not noise
-    assert len(one) == len(two) == 6
-    assert one == two
+async def host(threads: int) -> tuple[EngineRuntime, Outputs]:
+    """A runtime built (and so running) at `threads` intra-op threads."""
+    before = torch.get_num_threads()
+    torch_threads.pin(threads)
+    try:
+        out = Outputs()
+        rt = EngineRuntime("cpu", publish=out)
+        await rt.start()
+        return rt, out
+    finally:
+        torch_threads.pin(before)
+
+
+def text(sid: str, seq: int, words: str) -> InputItem:
+    return InputItem(session_id=sid, seq=seq, kind="text", data=json.dumps(words).encode())
+
+
+async def run(rt: EngineRuntime, spec: OpenSession) -> None:
+    await rt.open(spec)
+    await rt.apply_input(text(spec.session_id, 1, "good morning"))
+    await rt.advance(spec.session_id, 2)
+
+
+SPEC = OpenSession(session_id="av", backend="avatar", seed=7, prompt="narrator", determinism="T0")
+
+
+async def test_a_t0_session_runs_at_its_first_hosts_count_on_a_host_with_another():
+    two, two_out = await host(2)
+    one, one_out = await host(1)
+    try:
+        assert (two.threads, one.threads) == (2, 1)
+        await run(two, SPEC)
+        pinned = two.info("av").threads
+        assert pinned == 2  # pinned at its first open, from the host's count
+        # The replacement: the same session from its seed at the count its journal records.
+        await run(one, OpenSession(**{**{f: getattr(SPEC, f) for f in SPEC.__struct_fields__}, "threads": pinned}))
+        assert one.info("av").threads == 2
+        assert one_out.blocks("av") == two_out.blocks("av") and len(two_out.blocks("av")) >= 4
+    finally:
+        await one.stop()
+        await two.stop()
+
+
+async def test_a_moved_t0_session_keeps_its_count_and_its_bytes():
+    two, two_out = await host(2)
+    one, one_out = await host(1)
+    try:
+        await run(two, SPEC)
+        async with two.block_boundary("av"):
+            tree, desc = clone_tree(two.state_tree("av")), two.session_descriptor("av")
+        assert decode(desc, SessionDescriptor).threads == 2
+        await one.install_state("av", tree, desc)
+        assert one.info("av").threads == 2
+        for rt in (two, one):
+            await rt.apply_input(text("av", 2, "and goodbye"))
+            await rt.advance("av", 2)
+        assert one_out.blocks("av", first=3) == two_out.blocks("av", first=3) != []
+    finally:
+        await one.stop()
+        await two.stop()
+
+
+async def test_a_t2_session_runs_at_each_hosts_own_count():
+    one, _ = await host(1)
+    try:
+        await one.open(OpenSession(session_id="t2", backend="avatar", seed=7, determinism="T2", threads=2))
+        assert one.info("t2").threads == 0 and one.sessions.get("t2").threads == 1
+    finally:
+        await one.stop()

@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import signal
 
+import msgspec
 import pytest
 
+from libs.contracts import Contract
 from libs.errors import IntegrityError
 from libs.fence.ownership import assign
 from libs.fence.replay import replay_plan
 from tests.fence.invariants import check_log, read_log
 from tests.recovery.conftest import (
+    CONTRACT,
     OutputLog,
     Producer,
     claimed_by,
@@ -29,16 +32,23 @@ from tests.recovery.conftest import (
 pytestmark = pytest.mark.slow
 
 
-async def serve_until_checkpointed(nc, fence, hosts, sid: str):
-    """h1 and h2 up, `sid` on h1 under steady input, a checkpoint recorded and blocks past it shown."""
-    h1, h2 = hosts("h1"), hosts("h2")
+async def serve_on_h1(nc, fence, hosts, sid: str, h1_env: dict | None = None, h2_env: dict | None = None,
+                     contract: Contract = CONTRACT):
+    """h1 and h2 up (each with its settings), `sid` claimed by h1 under steady input."""
+    h1, h2 = hosts("h1", **(h1_env or {})), hosts("h2", **(h2_env or {}))
     await asyncio.gather(h1.ready(nc), h2.ready(nc))
-    token = await register(nc, sid)
+    token = await register(nc, sid, contract=contract)
     out = await watch_output(nc, sid)
     v1 = (await assign(nc, sid, "h1")).version
     await eventually(lambda: claimed_by(nc, sid, "h1"), what="h1's claim")
     producer = Producer(f"http://127.0.0.1:{fence.http_port}", sid, token)
     producer.start()
+    return h1, h2, v1, out, producer
+
+
+async def serve_until_checkpointed(nc, fence, hosts, sid: str):
+    """h1 and h2 up, `sid` on h1 under steady input, a checkpoint recorded and blocks past it shown."""
+    h1, h2, v1, out, producer = await serve_on_h1(nc, fence, hosts, sid)
 
     async def past_a_checkpoint() -> bool:
         block = (await meta(nc, sid)).checkpoint_block
@@ -49,7 +59,7 @@ async def serve_until_checkpointed(nc, fence, hosts, sid: str):
     return h1, h2, v1, out, producer
 
 
-async def take_over(nc, sid: str, v1: int, out: OutputLog, last_dead_block: int) -> None:
+async def take_over(nc, sid: str, v1: int, out: OutputLog, last_dead_block: int, timeout_s: float = 30.0) -> None:
     """Assign `sid` to h2 (as failover does: only if h1 still holds v1) and wait for live output past h1's."""
     await assign(nc, sid, "h2", expect_version=v1)
     await eventually(lambda: claimed_by(nc, sid, "h2"), what="h2's claim")
@@ -57,7 +67,7 @@ async def take_over(nc, sid: str, v1: int, out: OutputLog, last_dead_block: int)
     async def live_past() -> bool:
         return max(out.blocks(replayed=False)) > last_dead_block + 3
 
-    await eventually(live_past, what="live output on h2")
+    await eventually(live_past, timeout_s=timeout_s, what="live output on h2")
 
 
 async def finish_input(nc, sid: str, producer: Producer) -> None:
@@ -142,3 +152,30 @@ async def test_partitioned_old_owner_is_fenced_out_of_the_journal(nats_server, n
     taken = next(i for i, e in enumerate(entries) if e.version == v1 + 1)  # h2's seal, or its first kept entry
     assert all(e.server_id == "h2" for e in entries[taken:])
     check_log(await read_log(nc.jetstream(), sid))  # nothing was released to v1 after v2's assign
+
+
+async def test_a_replacement_at_another_thread_count_regenerates_the_same_bytes(nats_server, nc, fence, hosts):
+    """h1 runs two torch threads, h2 one, and h1 never checkpoints: h2 starts the session from its
+    seed at the count h1's journal records and regenerates every block h1 showed, bit for bit (the
+    avatar's bytes differ between 1 and 2 threads: tests/engine_host/test_thread_count_bits.py).
+    The avatar's own media period keeps the blocks h1 shows, and so h2's replay from the seed, short."""
+    sid = "exact-threads"
+    h1, _, v1, out, producer = await serve_on_h1(nc, fence, hosts, sid,
+                                                 {"SF_TORCH_THREADS": "2", "SF_CHECKPOINT_EVERY_S": "3600"},
+                                                 {"SF_TORCH_THREADS": "1"},
+                                                 msgspec.structs.replace(CONTRACT, period_ms=400.0))
+
+    async def shown_with_items() -> bool:
+        return len(out.blocks(replayed=False)) >= 6 and (await info(nc, "h1", sid)).consumed_seq >= 3
+
+    await eventually(shown_with_items, what="h1's blocks with items in them")
+    assert (await info(nc, "h1", sid)).threads == 2
+    h1.signal(signal.SIGKILL)
+    h1.proc.wait()
+    dead = out.blocks(replayed=False)
+    assert (await meta(nc, sid)).checkpoint_block == 0
+    await take_over(nc, sid, v1, out, max(dead), timeout_s=120.0)
+    await finish_input(nc, sid, producer)
+    assert_exact(out, dead, 0)
+    assert (await info(nc, "h2", sid)).threads == 2
+    assert {e.threads for e in await journal(nc, sid)} == {2}
