@@ -19,29 +19,34 @@ from collections.abc import Callable
 
 import msgspec
 
+from libs.contracts import Demand, estimate
 from services.placement.policy import Decision, Fleet, Params, Place, decide, react
 from services.placement.policy.actions import Refusal
-from services.placement.policy.plan import Plan
 
 
 def first_fit(params: Params) -> Callable[[Fleet], Decision]:
+    """First fit in host-id order by `libs.contracts.estimate`, each placement pending on its host for the
+    rest of the decision. It needs no `Plan` (latency terms, zones): a static arm's snapshot has nothing
+    queued on most events, and then the decision is empty at once."""
     def run(fleet: Fleet) -> Decision:
-        plan = Plan(fleet, params)
-        ordered = sorted(plan.open_loads(), key=lambda hl: hl.host_id)
+        queued = [s for s in fleet.sessions if s.state == "queued"]
+        if not queued:
+            return Decision(actions=())
+        ordered = sorted((h for h in fleet.hosts if h.state == "up"), key=lambda h: h.host_id)
+        pending = [list(h.reserved) for h in ordered]
         actions, refusals = [], []
         # A host that fails a (backend, contract) fails it for the rest of the decision (placing only adds
         # demand), so each such pair's scan resumes where its last one stopped: an undersized fleet with a
         # long queue otherwise re-tests every full host for every queued session.
         first: dict[tuple[str, int], int] = {}
-        for s in plan.queued:
+        for s in queued:
             key = (s.backend, id(s.contract))
             j = first.get(key, 0)
             while j < len(ordered):
-                hl = ordered[j]
-                est = plan.fit(s, hl)
+                est = estimate(s.contract, s.backend, ordered[j].entry, pending[j], params.guard)
                 if est.fits:
-                    plan.add(s, hl, est)
-                    actions.append(Place(session_id=s.session_id, host_id=hl.host_id,
+                    pending[j].append(Demand(busy_fraction=est.busy_fraction, state_bytes=est.state_bytes))
+                    actions.append(Place(session_id=s.session_id, host_id=ordered[j].host_id,
                                          busy_fraction=est.busy_fraction, state_bytes=est.state_bytes))
                     break
                 j += 1
