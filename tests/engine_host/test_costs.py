@@ -25,7 +25,7 @@ def seeded(clock: Clock) -> CostModel:
 
 
 def test_a_floor_price_no_quantum_refreshes_follows_the_tier_that_runs():
-    """What failed in the full bench.failover run: one floor quantum ran slow while a moved-in session
+    """What failed in the full bench.failover run: one floor quantum ran slow while failed-over sessions
     replayed on a loaded machine, then the session served at tier 8 only; the floor's price (what
     busy_fraction budgets it at) stayed 77 ms while tier 8 ran at 5-7 ms, so the host promised 0.77 of
     the device while it ran 0.05, and every host on that CPU read busy to failover."""
