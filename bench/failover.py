@@ -53,7 +53,7 @@ from libs.fence.ownership import assign, read_owner
 from libs.natsd import NatsServer
 from libs.procs import die_with_parent
 from libs.schemas.base import decode
-from libs.schemas.common import SessionSummary
+from libs.schemas.common import EngineEntry, SessionSummary
 from libs.schemas.engine import OutputChunk, SessionInfo, SessionRef
 from libs.schemas.fence import Claim, LogRecord, RegisterReply, RegisterRequest
 from libs.schemas.placement import Placement, PlaceRequest
@@ -242,24 +242,38 @@ class Bench:
         except errors.StatefleetError:
             return None
 
+    async def serving(self) -> dict[str, list[tuple[str, int]]]:
+        """host → (session, claimed version) of every session its current process has claimed. A session
+        still orphaned by an earlier kill names a process that is dead: counting it sent the next kill to
+        that host's fresh restart, which held nothing (the full run of 2 Dec killed e3 three times so)."""
+        kv = await self.js.key_value(names.ENGINES_BUCKET)
+        live = {}
+        for h in self.engines:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                live[h] = decode((await kv.get(h)).value, EngineEntry).incarnation
+        out: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for sid in self.sids:
+            v = (await read_owner(self.js, sid)).view
+            if v.owner is not None and v.claim == v.owner and live.get(v.owner.server_id) == v.incarnation:
+                out[v.owner.server_id].append((sid, v.owner.version))
+        return out
+
     async def kill_round(self) -> list[dict]:
-        owners = {sid: await self.claimed(sid) for sid in self.sids}
-        counts = defaultdict(list)
-        for sid, o in owners.items():
-            if o is not None:
-                counts[o[0]].append(sid)
+        counts = await self.serving()
+        if not counts:
+            return []  # every session is waiting for room: nothing to kill
         victim = max(counts, key=lambda h: (len(counts[h]), h))
-        affected = counts[victim]
         t_kill = self.engines[victim].kill()
         self.engines[victim].start()  # the supervisor restarts it: a new incarnation under the same id
+        deadline = time.monotonic() + 60  # one minute for the whole kill, not one per session
         out = []
-        for sid in affected:
-            version = owners[sid][1]
+        for sid, version in counts[victim]:
             event = {"session_id": sid, "victim": victim, "to": None, "version": None, "reclaim_s": None,
                      "first_output_after_kill_s": None}
             out.append(event)
             try:
-                new = await until(lambda sid=sid, version=version: self._moved_on(sid, version), 60)
+                new = await until(lambda sid=sid, version=version: self._moved_on(sid, version),
+                                  deadline - time.monotonic())
             except TimeoutError:
                 continue  # unreclaimed
             claim = await self.claim_at(sid, new[1])
@@ -348,6 +362,9 @@ async def run(quick: bool, hog: int = 0) -> dict:
                 round_ = await b.kill_round()
                 events += round_
                 worst = max((e["reclaim_s"] for e in round_ if e["reclaim_s"] is not None), default=None)
+                if not round_:
+                    print(f"kill {k + 1}/{kills}: none (no host serves a session)", file=sys.stderr)
+                    continue
                 print(f"kill {k + 1}/{kills}: {round_[0]['victim']} with {len(round_)} sessions; reclaim "
                       f"{'never' if worst is None else f'{worst:.2f}s'} (load {os.getloadavg()[0]:.1f})",
                       file=sys.stderr)

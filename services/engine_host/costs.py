@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import crc32c
@@ -12,6 +13,10 @@ from services.engine_host.backends import Backend, Registry, make_backend
 from services.engine_host.backends.base import forward_passes
 
 COST_EWMA = 0.2
+# A learned price this much older than its shape's freshest is derived from that one (CostModel's doc).
+# Longer than a floor session's gaps between floor quanta while it steps up and down; short next to a
+# noisy neighbour that stays for minutes.
+STALE_S = 10.0
 
 
 def shape_of(backend: Backend) -> str:
@@ -45,36 +50,41 @@ class Backends:
 
 class CostModel:
     """Seconds per quantum by (shape, tier, batch size): seeded from the start-up profile, then
-    learned from every quantum that finished (an EWMA, so it follows a device that slows down)."""
+    learned from every quantum that finished (an EWMA, so it follows a device that slows down).
 
-    def __init__(self) -> None:
-        self._seconds: dict[tuple[str, int, int], float] = {}
+    A learned price is only as current as its last measurement, and a tier no session runs is never
+    measured: a session is served at its best tier that fits, so its floor (what `busy_fraction`
+    budgets it at) can go unmeasured for as long as it lives. One slow floor quantum (a replay on a
+    loaded machine) then stayed the floor's price: a host promised 0.77 of the device while it ran
+    0.05, and every host sharing that CPU read busy, so no failover found room (issue 29). So a price
+    learned more than `stale_s` before the shape's freshest single-block price (or only seeded, once
+    serving measured any tier) is derived from that freshest one: its tier's start-up price times
+    how much slower than at start-up the freshest tier runs now (forward passes scale it where
+    start-up measured no price). With nothing fresher to go by, a price stays what was learned.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, stale_s: float = STALE_S) -> None:
+        self.clock, self.stale_s = clock, stale_s
+        self._learned: dict[tuple[str, int, int], tuple[float, float]] = {}  # → (seconds, when learned)
+        self._seeds: dict[tuple[str, int], float] = {}  # (shape, tier) → start-up seconds of one block
         self._passes: dict[str, Callable[[int], int]] = {}
-        self._profiled: dict[tuple[str, int], float] = {}  # the start-up profile's block, kept as a floor
+        self._fresh: dict[str, int] = {}  # shape → the tier of its last learned single block
 
     def shape(self, backend: Backend) -> None:
         """Know a shape's forward passes per tier, so a tier not measured yet is priced from one that was."""
         self._passes[shape_of(backend)] = lambda tier: forward_passes(backend, tier)
 
     def estimate(self, shape: str, tier: int, n: int) -> float:
-        """Measured for this batch size, else n × the single block, else n × another measured tier's
-        single block scaled by forward passes (a clean pass costs as much as a step); 0 before
-        anything is known."""
-        if (c := self._seconds.get((shape, tier, n))) is not None:
+        """Learned for this batch size and current, else n × the single block (learned and current, else
+        derived from the freshest tier, else its start-up price, else another start-up tier's scaled by
+        forward passes); 0 before anything is known."""
+        if (c := self._current(shape, tier, n)) is not None:
             return c
-        if (c := self._seconds.get((shape, tier, 1))) is not None:
-            return c * n
-        passes = self._passes.get(shape)
-        known = [(t, s) for (sh, t, k), s in self._seconds.items() if sh == shape and k == 1]
-        if passes is None or not known:
-            return 0.0
-        t0, s0 = max(known)
-        return s0 * passes(tier) / passes(t0) * n
+        return self._single(shape, tier) * n
 
     def seed(self, shape: str, tier: int, seconds: float) -> None:
         """A single block's start-up estimate; never overrides what was already learned."""
-        self._seconds.setdefault((shape, tier, 1), seconds)
-        self._profiled.setdefault((shape, tier), seconds)
+        self._seeds.setdefault((shape, tier), seconds)
 
     def price(self, shape: str, tier: int) -> float:
         """What one session's block is budgeted at (admission's price, the heartbeat's load): the learned
@@ -82,9 +92,53 @@ class CostModel:
         faster than that profile (taken while every host of the device profiled at once), and that
         cheaper cost does not hold once the sessions it would admit run beside them: priced so, a burst
         of sixteen was admitted where the start-up rows had room for four (docs/decisions.md, issue 23)."""
-        return max(self.estimate(shape, tier, 1), self._profiled.get((shape, tier), 0.0))
+        return max(self.estimate(shape, tier, 1), self._seeds.get((shape, tier), 0.0))
 
     def learn(self, shape: str, tier: int, n: int, seconds: float) -> None:
-        key = (shape, tier, n)
-        old = self._seconds.get(key)
-        self._seconds[key] = seconds if old is None else (1 - COST_EWMA) * old + COST_EWMA * seconds
+        """Fold one finished quantum in; a price that was not current starts from what it was derived as."""
+        old = self._current(shape, tier, n)
+        if old is None and n == 1:
+            old = self._single(shape, tier) or None
+        new = seconds if old is None else (1 - COST_EWMA) * old + COST_EWMA * seconds
+        self._learned[(shape, tier, n)] = (new, self.clock())
+        if n == 1:
+            self._fresh[shape] = tier
+
+    def _freshest(self, shape: str) -> tuple[int, float, float] | None:
+        """(tier, seconds, when) of the shape's most recently learned single-block price."""
+        tier = self._fresh.get(shape)
+        if tier is None:
+            return None
+        seconds, at = self._learned[(shape, tier, 1)]
+        return tier, seconds, at
+
+    def _current(self, shape: str, tier: int, n: int) -> float | None:
+        learned = self._learned.get((shape, tier, n))
+        if learned is None:
+            return None
+        seconds, at = learned
+        ref = self._freshest(shape)
+        return seconds if ref is None or ref[2] - at <= self.stale_s else None
+
+    def _single(self, shape: str, tier: int) -> float:
+        if (c := self._current(shape, tier, 1)) is not None:
+            return c
+        ref = self._freshest(shape)
+        if ref is not None and (r := self._ratio(shape, tier, ref[0])) is not None:
+            return ref[1] * r
+        if (learned := self._learned.get((shape, tier, 1))) is not None:
+            return learned[0]  # stale, but nothing to derive it from
+        if (c := self._seeds.get((shape, tier))) is not None:
+            return c
+        seeded = [t for (sh, t) in self._seeds if sh == shape]
+        r = self._ratio(shape, tier, max(seeded)) if seeded else None
+        return self._seeds[(shape, max(seeded))] * r if r is not None else 0.0
+
+    def _ratio(self, shape: str, tier: int, t0: int) -> float | None:
+        """What a block at `tier` costs relative to one at `t0`: as start-up measured the two, else by
+        forward passes (a clean pass costs as much as a step); None when neither is known."""
+        a, b = self._seeds.get((shape, tier)), self._seeds.get((shape, t0))
+        if a and b:
+            return a / b
+        passes = self._passes.get(shape)
+        return passes(tier) / passes(t0) if passes is not None else None

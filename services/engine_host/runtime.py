@@ -86,7 +86,7 @@ class EngineRuntime:
         self.work = torch_threads.executor("engine-work", workers=2)  # init, offload, snapshots, profile
         self.threads = torch.get_num_threads()  # this host's intra-op count (a T0/T1 session keeps its own)
         self.sessions = SessionTable(host_id)
-        self.costs = CostModel()
+        self.costs = CostModel(clock)
         self.backends = Backends(self.device, backend_configs or {}, registry or Registry(), on_build=self.costs.shape)
         self.sched = EdfScheduler(cost=self.costs.estimate, guard_s=guard_s, max_batch=max_batch)
         self.pipeline: StagePipeline[BlockJob, Dispatch] = StagePipeline(
