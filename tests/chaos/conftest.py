@@ -9,6 +9,7 @@ docs/reliability.md's table. Run with `make chaos`; the default `make test` leav
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import shutil
@@ -23,6 +24,7 @@ from bench.audit import SessionAudit, audit, recovery_s, stalled
 from bench.frontend import SessionClient, c1_contract, open_session
 from bench.stack import UpStack
 from libs import bus
+from libs.fence.ownership import read_owner
 
 RESULTS = Path(__file__).resolve().parents[2] / "var" / "chaos" / "results.json"
 LOGS = RESULTS.parent / "logs"
@@ -83,8 +85,24 @@ class Drill:
         deadline = since + timeout_s
         while not all(sum(a.at > since for a in c.live_blocks()) >= blocks and c.ack_times
                       and c.ack_times[-1] > since for c in self.clients):
-            assert time.monotonic() < deadline, f"sessions not serving: {[c.sid for c in self.clients]}"
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"sessions not serving within {timeout_s}s: {await self._progress(since)}")
             await asyncio.sleep(0.1)
+
+    async def _progress(self, since: float) -> list[dict]:
+        """What each session did since `since`, and who owns it: the failure message of `serving`."""
+        now, rows = time.monotonic(), []
+        for c in self.clients:
+            live = c.live_blocks()
+            row = {"sid": c.sid, "acks_since": sum(t > since for t in c.ack_times), "sent": c.sent,
+                   "live_blocks_since": sum(a.at > since for a in live),
+                   "last_block": live[-1].block if live else None,
+                   "last_block_age_s": round(now - live[-1].at, 1) if live else None}
+            with contextlib.suppress(Exception):
+                view = (await read_owner(self.nc.jetstream(), c.sid)).view
+                row["owner"], row["claim"] = str(view.owner), str(view.claim)
+            rows.append(row)
+        return rows
 
     def fault(self, what: str) -> float:
         at = time.monotonic()

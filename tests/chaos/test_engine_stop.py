@@ -20,7 +20,7 @@ from bench.audit import read_log
 from libs import bus, names
 from libs.fence.ownership import read_owner
 from libs.schemas.engine import SessionInfo, SessionRef
-from libs.schemas.fence import Owner, Release
+from libs.schemas.fence import Assign, Owner, Release
 from tests.chaos.conftest import assert_clean, record
 
 pytestmark = pytest.mark.chaos
@@ -56,7 +56,6 @@ async def test_sigstopped_engine_host_resumes_after_its_replacement_claimed(dril
     d = await drill(engines=2)
     clients = await d.open(3)
     stopped = clients[0].host_id
-    spare = next(h for h in d.stack.host_ids if h != stopped)
     js = d.nc.jetstream()
     old: dict[str, Owner] = {}
     for c in clients:
@@ -72,12 +71,17 @@ async def test_sigstopped_engine_host_resumes_after_its_replacement_claimed(dril
     d.stack.signal(stopped, signal.SIGCONT)  # it still believes it owns them, with input in hand
     await asyncio.sleep(3.0)
     await d.serving()
-    # What the resumed host holds reflects at most the items released to its own (now old) version.
+    # Invariant: the resumed host never folds in an item fence did not release to it. Placement may
+    # give a session back to it once its heartbeat returns (a newer version on the same host): items
+    # released to that version are its own, so the bound is every release addressed to this host.
     applied_after_takeover = 0
+    given_back = 0
     for sid, owner in old.items():
-        released = [i.seq for r in await read_log(js, sid) if isinstance(r.event, Release)
-                    and Owner(server_id=r.event.server_id, version=r.event.version) == owner
+        log = await read_log(js, sid)
+        released = [i.seq for r in log if isinstance(r.event, Release) and r.event.server_id == stopped
                     for i in r.event.items]
+        given_back += any(isinstance(r.event, Assign) and r.event.server_id == stopped
+                          and r.event.version > owner.version for r in log)
         with contextlib.suppress(Exception):  # gone already: it closed its orphaned copy
             info = await bus.request(d.nc, names.engine_subject(stopped, "info"), SessionRef(session_id=sid),
                                      SessionInfo, timeout_s=2.0)
@@ -85,7 +89,7 @@ async def test_sigstopped_engine_host_resumes_after_its_replacement_claimed(dril
     audits = await d.finish()
     row = record(chaos_results, "engine_sigstop_past_heartbeat", d, audits,
                  sessions_moved=len(old), applied_by_old_owner_after_takeover=applied_after_takeover,
+                 sessions_given_back_to_resumed_host=given_back,
                  reassigned_by="placement's automatic failover")
     assert applied_after_takeover == 0, row
-    assert all(a.owner == spare for a in audits if a.session_id in old), row
     assert_clean(row)

@@ -14,6 +14,7 @@ import pytest
 
 from bench.frontend import c1_contract, open_session
 from libs import bus, names
+from libs.fence.ownership import read_owner
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from tests.chaos.conftest import assert_clean, record
 
@@ -24,24 +25,41 @@ async def test_mover_and_placement_killed_mid_move(drill, chaos_results):
     d = await drill(engines=2)
     clients = await d.open(3)
     moving = clients[0]
-    dest = next(h for h in d.stack.host_ids if h != moving.host_id)
-    receipts: list[MoveReceipt] = []
+    receipts: list[MoveReceipt] = []  # this drill's move only: the controller's own moves publish here too
+    move_id = ""
 
     async def on_receipt(r: MoveReceipt) -> None:
-        receipts.append(r)
+        if r.move_id == move_id:
+            receipts.append(r)
 
     await bus.subscribe_events(d.nc, names.move_receipt_subject(moving.sid), MoveReceipt, on_receipt)
     journal = await d.nc.jetstream().key_value(names.MOVES_INFLIGHT_BUCKET)
-    req = MoveRequest(session_id=moving.sid, source=moving.host_id, dest=dest, deadline_s=10.0, move_id="chaos-move")
-    asked = asyncio.create_task(bus.request(d.nc, names.MOVER_MOVE, req, MoveReceipt, timeout_s=30))
-    deadline = time.monotonic() + 30
-    while True:  # the move is journalled before it touches either host: kill right then
-        with contextlib.suppress(Exception):
-            if "chaos-move" in await journal.keys():
-                break
-        assert not asked.done(), f"the move ended before it was journalled: {asked.result()}"
-        assert time.monotonic() < deadline, "the move was never journalled"
-        await asyncio.sleep(0.005)
+    js = d.nc.jetstream()
+    # The fleet controller rebalances beside the drill, so the session may have moved since it was
+    # opened: ask from its owner now, and ask again if the controller moved it in between (the mover
+    # refuses a move from a host that no longer owns the session before journalling anything).
+    for attempt in range(5):
+        owner = (await read_owner(js, moving.sid)).view.owner
+        assert owner is not None, "the session has no owner"
+        source = owner.server_id
+        dest = next(h for h in d.stack.host_ids if h != source)
+        move_id = f"chaos-move-{attempt}"
+        req = MoveRequest(session_id=moving.sid, source=source, dest=dest, deadline_s=10.0, move_id=move_id)
+        asked = asyncio.create_task(bus.request(d.nc, names.MOVER_MOVE, req, MoveReceipt, timeout_s=30))
+        deadline = time.monotonic() + 30
+        journalled = False
+        while not journalled and not asked.done():  # journalled before it touches either host: kill then
+            with contextlib.suppress(Exception):
+                journalled = move_id in await journal.keys()
+            assert time.monotonic() < deadline, "the move was never journalled"
+            await asyncio.sleep(0.005)
+        if journalled:
+            break
+        refused = asked.result()
+        assert refused.outcome == "rejected" and "does not own" in refused.reason, \
+            f"the move ended before it was journalled: {refused}"
+    else:
+        raise AssertionError("the session kept moving under the drill")
     d.stack.signal("mover", signal.SIGKILL)
     d.stack.signal("placement", signal.SIGKILL)
     at = d.fault("SIGKILL mover and placement mid-move")
@@ -62,5 +80,5 @@ async def test_mover_and_placement_killed_mid_move(drill, chaos_results):
     row = record(chaos_results, "mover_and_placement_sigkill_mid_move", d, audits,
                  move_outcome=receipts[-1].outcome, move_reason=receipts[-1].reason)
     owner = next(a.owner for a in audits if a.session_id == moving.sid)
-    assert owner == (dest if receipts[-1].outcome == "committed" else moving.host_id), row
+    assert owner == (dest if receipts[-1].outcome == "committed" else source), row
     assert_clean(row)

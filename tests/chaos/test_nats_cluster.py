@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 import urllib.request
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from libs import bus_auth, names
 from libs.natsd import NatsServer, free_port
-from tests.chaos.conftest import assert_clean, record
+from tests.chaos.conftest import LOGS, assert_clean, record
 
 pytestmark = pytest.mark.chaos
 
@@ -71,11 +72,16 @@ async def stream_leader(js, stream: str, timeout_s: float = 60.0) -> str:
 
 
 @pytest.fixture
-def nodes(tmp_path):  # requested before `drill`, so the cluster outlives the stack
-    started = []
+def nodes(tmp_path, request):  # requested before `drill`, so the cluster outlives the stack
+    started: list[Node] = []
     yield started
     for n in started:
         n.stop()
+        # Kept beside the services' logs for diagnosis (tmp dirs rotate away).
+        if n.log_path is not None and n.log_path.exists():
+            kept = LOGS / request.node.name
+            kept.mkdir(parents=True, exist_ok=True)
+            shutil.copy(n.log_path, kept / f"nats-{n.server_name}.log")
 
 
 async def test_cluster_leaders_killed_mid_traffic(nodes, drill, chaos_results, tmp_path):
