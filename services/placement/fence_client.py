@@ -8,6 +8,8 @@ and backend never change, so they are asked once and kept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -44,6 +46,10 @@ class FenceClient:
 
     def remember(self, session_id: str, contract: Contract, backend: str) -> None:
         self._specs[session_id] = (contract, backend)
+
+    def known(self) -> Mapping[str, tuple[Contract, str]]:
+        """Every session's (contract, backend) asked or told so far, without asking fence."""
+        return self._specs
 
     async def spec(self, session_id: str) -> tuple[Contract, str]:
         """The session's contract and backend, from fence's meta the first time."""

@@ -239,4 +239,4 @@ class Parts:
 
     def drainer(self) -> Drainer:
         return Drainer(view=self.view, owners=self.owners, reservations=self.reservations, relocation=self.relocation,
-                       guard=GUARD, settle_s=self.config.reservation_settle_s, log=LOG)
+                       guard=GUARD, config=self.config, settle_s=self.config.reservation_settle_s, log=LOG)
