@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from libs.contracts import Contract, Demand, Estimate, device_key
+from libs.contracts import Contract, Demand, Estimate, device_key, floor_row
 from libs.schemas.common import EngineEntry, SessionSummary
 from libs.schemas.placement import HostRecord
 from services.placement import capacity
+from services.placement.fleetview import dirty_rate_bps
 from services.placement.policy import Fleet, Host, Params, PathRates, Session
 from services.placement.policy.placement import Placer
 from services.placement.policy.plan import Plan
@@ -85,13 +86,31 @@ def choose(session: Session, *, hosts: Sequence[EngineEntry], records: Mapping[s
     """The policy's host for `session` (queued: `wanted`) on the fleet as the service sees it."""
     skip = set(exclude)
     fleet = snapshot(hosts=hosts, records=records, settle_s=settle_s, paths=paths, residents=residents, exclude=skip)
+    session = _sized(session, fleet)
     got = Placer(Plan(fleet, params), spread=spread).choose(session)
     if not isinstance(got, str):
         return Choice(estimate=got[1])
     shared = capacity.shared(hosts, records, settle_s)
     ests = [capacity.fit(session.contract, session.backend, shared[h.host_id], records.get(h.host_id), params.guard,
                          settle_s) for h in fleet.hosts]
-    return Choice(estimate=None, reason=got, estimates=ests)
+    # a host capacity would take but the policy would not (past the latency cap) says why not
+    return Choice(estimate=None, reason=got, estimates=[e if not e.fits else _refused(e, got) for e in ests])
+
+
+def _refused(e: Estimate, reason: str) -> Estimate:
+    return msgspec.structs.replace(e, fits=False, reason=reason)
+
+
+def _sized(s: Session, fleet: Fleet) -> Session:
+    """A session placement has not seen run yet, sized as its floor rows say (the most any host's row
+    says): what a live move of it off the host would carry, which the policy's way-out rank reads."""
+    if s.state_bytes or s.dirty_rate_bps:
+        return s
+    rows = [r for h in fleet.hosts if (r := floor_row(h.entry.profile, s.backend, s.contract.quality_floor))]
+    if not rows:
+        return s
+    return msgspec.structs.replace(s, state_bytes=max(r.state_bytes for r in rows), dirty_rate_bps=max(
+        dirty_rate_bps(s.contract, s.backend, h.entry) for h in fleet.hosts))
 
 
 def residents_of(summaries: Mapping[str, SessionSummary], spec: Mapping[str, tuple[Contract, str]],
