@@ -85,7 +85,8 @@ class Drainer:
             if view.closed or view.owner is None or view.owner.server_id != host:
                 continue
             contract, backend = await self.owners.spec(s.session_id)
-            out.append(failover.Stranded(s.session_id, view, contract, backend))
+            threads = await self.owners.threads(s.session_id)  # its blocks run at this count wherever they run
+            out.append(failover.Stranded(s.session_id, view, contract, backend, threads))
         return out
 
     async def _move(self, host: str, m: Departure) -> SessionOutcome:

@@ -59,7 +59,8 @@ class Sweeper:
             except StatefleetError as e:
                 self.log.info("stranded_unread", session_id=s.session_id, code=e.code)
                 continue
-            stranded.append(failover.Stranded(s.session_id, view, contract, backend))
+            threads = await self.owners.threads(s.session_id)  # a replay is bit-exact at its own count
+            stranded.append(failover.Stranded(s.session_id, view, contract, backend, threads))
         if not stranded:
             return
         decisions = failover.plan(stranded, self.view.up_hosts(), self.view.records(), self.config.params(self.guard),
