@@ -115,13 +115,14 @@ def _sized(s: Session, fleet: Fleet) -> Session:
 
 def residents_of(summaries: Mapping[str, SessionSummary], spec: Mapping[str, tuple[Contract, str]],
                  hosts: Sequence[EngineEntry]) -> list[Session]:
-    """The sessions the `sf_sessions` hint shows on live hosts whose contract placement knows: the residents
-    whose latency targets the policy keeps (one it cannot see still counts in its host's measured load)."""
+    """The sessions the `sf_sessions` hint shows serving (or assigned, about to) on live hosts whose contract
+    placement knows: the residents whose latency targets the policy keeps (one it cannot see still counts
+    in its host's measured load; a suspended one takes no device time)."""
     live = {h.host_id for h in hosts}
     out = []
     for sid, s in sorted(summaries.items()):
         known = spec.get(sid)
-        if known is None or s.state in ("closed", "orphaned") or s.owner_server_id not in live:
+        if known is None or s.state not in ("serving", "assigned") or s.owner_server_id not in live:
             continue
         out.append(Session(session_id=sid, backend=known[1], contract=known[0], state="serving",
                            host_id=s.owner_server_id))

@@ -98,3 +98,14 @@ def test_a_host_not_announcing_its_count_is_not_at_any_count():
     hosts = [on(host("h0", busy=0.3), "m"), on(host("h1", busy=0.1), "n", threads=1)]
     assert pick(hosts, threads=1).estimate.host_id == "h1"
     assert pick(hosts).estimate.host_id == "h0"
+
+
+def test_residents_are_the_serving_sessions_placement_knows_on_live_hosts():
+    from libs.schemas.common import SessionSummary
+
+    summaries = {sid: SessionSummary(session_id=sid, owner_server_id=h, state=st) for sid, h, st in (
+        ("a", "h0", "serving"), ("b", "h0", "assigned"), ("c", "h0", "suspended"), ("d", "h0", "closed"),
+        ("e", "gone", "serving"), ("f", "h0", "serving"))}
+    specs = {sid: (c1(), "world") for sid in "abcde"}  # f: a contract placement never learned
+    got = choice.residents_of(summaries, specs, [host("h0")])
+    assert [(s.session_id, s.host_id, s.state) for s in got] == [("a", "h0", "serving"), ("b", "h0", "serving")]
