@@ -5,7 +5,7 @@ included), a host that stays within the latency target with the session
 (`Params.latency_target_frac` of every resident's SLO) beats one that would not, and among
 those one whose fastest path out would admit a live move of this session wins: a session
 placed there can still be moved later. Within the target the busiest such host wins (best
-fit, ties by the higher host_id): light sessions pack together, so empty hosts stay empty for
+fit; ties by the most sessions held, then the lower host_id): light sessions pack together, so empty hosts stay empty for
 the sessions that need a device nearly to themselves (under the profile model a tier-16
 session's target leaves room for no co-tenant). A host past the target takes the session only
 when no fitting host is within it, and then the least busy does, so the fleet's worst chunk
@@ -47,7 +47,13 @@ class Placer:
         # taking them all was the slowest reclaim (9.9 s for the last of seven under load) and the next
         # death's whole fleet; hosts sharing a device also read one pooled load, which `pack` cannot split.
         self.spread = spread
-        self.order = sorted(plan.open_loads(), key=_key)
+        # Scans run from either end of one order by load; among hosts equally loaded, the one already holding
+        # the most sessions, then the lower host_id, is the busier end's: best fit then keeps a device shared
+        # by several processes (one pooled load) on the process that already serves it, as the service's
+        # placement always did, and on idle hosts takes the first by id.
+        ids = sorted(hl.host_id for hl in plan.open_loads())
+        self._rank = {hid: -i for i, hid in enumerate(ids)}
+        self.order = sorted(plan.open_loads(), key=self._key)
         self.profiles = list({id(hl.host.entry.profile): hl for hl in self.order}.values())  # one host per profile
 
     def choose(self, s: Session, prefer: str = "") -> tuple[HostLoad, Estimate] | str:
@@ -163,10 +169,13 @@ class Placer:
                 bound = b - t.share
         return bound
 
+    def _key(self, hl: HostLoad) -> tuple[float, int, int]:
+        return (hl.busy, hl.host.entry.sessions + len(hl.pending), self._rank[hl.host_id])
+
     def commit(self, s: Session, hl: HostLoad, est: Estimate) -> None:
         self.order.remove(hl)
         self.plan.add(s, hl, est)
-        insort(self.order, hl, key=_key)
+        insort(self.order, hl, key=self._key)
 
     def _escapes(self, s: Session, hl: HostLoad) -> bool:
         rate = self.plan.escape_bps(hl)
@@ -178,8 +187,6 @@ class Placer:
             bandwidth_bps=rate, setup_s=p.move_setup_s)).admissible
 
 
-def _key(hl: HostLoad) -> tuple[float, str]:
-    return (hl.busy, hl.host_id)
 
 
 def _busy(hl: HostLoad) -> float:
