@@ -109,6 +109,9 @@ class EngineEntry(Msg):
     # Every session this host holds, so its load counts it: a reservation for one of them stops counting
     # (libs/contracts.py `shown`); one still missing here keeps counting however long its start takes.
     session_ids: list[str] = []
+    # The torch intra-op threads this host's blocks run at (`services/engine_host/torch_threads.py`); 0: not
+    # announced. A T0/T1 session replays bit-exactly only at its own count, so placement prefers its hosts.
+    threads: int = 0
 
 
 class SessionSummary(Msg):

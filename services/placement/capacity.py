@@ -12,12 +12,11 @@ Pure: no I/O, the clock passed in.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from libs.contracts import Contract, Demand, Estimate, Guard, device_key, estimate, pooled, unsettled
+from libs.contracts import Contract, Demand, Estimate, Guard, estimate, pooled, unsettled
 from libs.schemas.common import EngineEntry
 from libs.schemas.placement import HostRecord, Reserved
 
@@ -38,40 +37,9 @@ def fit(contract: Contract, backend: str, host: EngineEntry, record: HostRecord 
     return estimate(contract, backend, host, pending(record, host, settle_s), guard)
 
 
-def by_room(contract: Contract, backend: str, hosts: Sequence[EngineEntry],
-            records: Mapping[str, HostRecord], guard: Guard, settle_s: float,
-            exclude: Iterable[str] = ()) -> list[Estimate]:
-    """Every host's estimate: the fitting ones first, by device, the device least busy with the session
-    first; on one device (hosts that share it see one pooled load), the host already serving the most
-    sessions first. Then the others, by host_id, each with its reason. Placement, failover and drain
-    take the first that fits, so sessions spread over devices, not over the processes of one device:
-    one scheduler that sees every deadline on a device keeps periods better than two that each see
-    half and take the device from each other (docs/placement.md has the measurement)."""
-    skip = set(exclude)
-    views = shared(hosts, records, settle_s)
-    device = {h.host_id: device_key(h) for h in hosts}
-    ests = [fit(contract, backend, views[h.host_id], records.get(h.host_id), guard, settle_s)
-            for h in sorted(hosts, key=lambda h: h.host_id) if h.host_id not in skip]
-    fitting = [e for e in ests if e.fits]
-    least: dict[str, float] = {}  # device → the least busy its fitting hosts would be with the session
-    for e in fitting:
-        least[device[e.host_id]] = min(least.get(device[e.host_id], math.inf), e.host_busy_fraction + e.busy_fraction)
-    fitting.sort(key=lambda e: (least[device[e.host_id]], device[e.host_id], -e.host_sessions, e.host_id))
-    return fitting + [e for e in ests if not e.fits]
-
-
 def shared(hosts: Sequence[EngineEntry], records: Mapping[str, HostRecord], settle_s: float) -> dict[str, EngineEntry]:
     """Hosts that share a device split it (`contracts.pooled`), their reservations included."""
     return pooled(hosts, lambda h: pending(records.get(h.host_id), h, settle_s))
-
-
-def most_room(contract: Contract, backend: str, hosts: Sequence[EngineEntry],
-              records: Mapping[str, HostRecord], guard: Guard, settle_s: float,
-              exclude: Iterable[str] = ()) -> tuple[Estimate | None, list[Estimate]]:
-    """The first host of `by_room` if it fits (failover and drain spread a host's sessions), and every
-    host's estimate in that order."""
-    ests = by_room(contract, backend, hosts, records, guard, settle_s, exclude)
-    return (ests[0] if ests and ests[0].fits else None), ests
 
 
 def reserve(record: HostRecord, session_id: str, est: Estimate, incarnation: str, now: float) -> HostRecord:

@@ -20,8 +20,10 @@ from libs.contracts import Guard
 from libs.errors import Conflict, Rejected
 from libs.schemas.placement import DrainReport, HostRequest, SessionOutcome
 from services.placement import drain, failover
+from services.placement.control_config import FleetControlConfig
 from services.placement.drain import Departure
 from services.placement.parts import FleetReader, Owners, Relocating, Reserving
+from services.placement.policy import PathRates
 
 MAX_PASSES = 3  # sessions that reached the host while it drained get another pass
 RESIDENT_WAIT_S = 15.0  # a handed-over copy is dropped by its old host after its orphan grace
@@ -29,8 +31,10 @@ RESIDENT_WAIT_S = 15.0  # a handed-over copy is dropped by its old host after it
 
 class Drainer:
     def __init__(self, *, view: FleetReader, owners: Owners, reservations: Reserving, relocation: Relocating,
-                 guard: Guard, settle_s: float, log: structlog.typing.FilteringBoundLogger) -> None:
+                 guard: Guard, config: FleetControlConfig,
+                 settle_s: float, log: structlog.typing.FilteringBoundLogger) -> None:
         self.view, self.owners, self.reservations, self.relocation = view, owners, reservations, relocation
+        self.config = config  # the policy's knobs (`choice.py`), read at each decision
         self.guard, self.settle_s, self.log = guard, settle_s, log
 
     async def drain(self, req: HostRequest) -> DrainReport:
@@ -43,8 +47,9 @@ class Drainer:
             owned = await self._owned(host)
             if not owned:
                 break
-            moves, no_room = drain.plan_moves(host, owned, self.view.up_hosts(), self.view.records(), self.guard,
-                                              self.settle_s, time.time())
+            moves, no_room = drain.plan_moves(host, owned, self.view.up_hosts(), self.view.records(),
+                                              self.config.params(self.guard), self.settle_s, time.time(),
+                                              paths=PathRates(default_bps=self.config.path_bps))
             outcomes += [SessionOutcome(session_id=sid, outcome="no_room",
                                         detail=",".join(f"{e.host_id}:{e.reason}" for e in ests))
                          for sid, ests in no_room]
@@ -80,7 +85,8 @@ class Drainer:
             if view.closed or view.owner is None or view.owner.server_id != host:
                 continue
             contract, backend = await self.owners.spec(s.session_id)
-            out.append(failover.Stranded(s.session_id, view, contract, backend))
+            threads = await self.owners.threads(s.session_id)  # its blocks run at this count wherever they run
+            out.append(failover.Stranded(s.session_id, view, contract, backend, threads))
         return out
 
     async def _move(self, host: str, m: Departure) -> SessionOutcome:

@@ -2,12 +2,12 @@
 
 A session is stranded when fence's log names an owner process that is dead (assigned or
 claimed: an assign to a dead process will never be claimed either). Each stranded session
-goes to a live, undrained host it fits (the capacity model of any placement, every reservation
-this plan makes counted on the next estimate), preferring any host but the one that died, and of
-those the one holding the fewest sessions (`spread`, so one death's sessions spread within a sweep and
-over successive sweeps alike); if none fits it is orphaned,
-with every host's reason, until capacity appears. A session another placer already reserved a live host for keeps that
-host, so placers that race converge on one choice; the assign's compare-and-set on the
+goes where the fleet policy's placement function puts it (`choice.py`, in its `spread` form: within
+its best rank the host holding the fewest sessions, so one death's sessions spread within a sweep and
+over successive sweeps alike; every reservation this plan makes counted on the next choice), on any
+live, undrained host but the one that died if one takes it, preferring hosts at the session's torch
+thread count; if none fits it is orphaned, with every host's reason, until capacity appears. A session
+another placer already reserved a live host for keeps that host, so placers that race converge on one choice; the assign's compare-and-set on the
 version both saw decides which of them acts.
 """
 
@@ -17,12 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from libs.contracts import Contract, Estimate, Guard
+from libs.contracts import Contract, Estimate
 from libs.schemas.common import EngineEntry
 from libs.schemas.fence import SessionView
 from libs.schemas.placement import HostRecord
-from services.placement import capacity
+from services.placement import capacity, choice
 from services.placement.liveness import Liveness
+from services.placement.policy import Params, PathRates
 
 OwnerState = Literal["closed", "unowned", "alive", "unknown", "dead"]
 
@@ -42,6 +43,7 @@ class Stranded:
     view: SessionView
     contract: Contract
     backend: str
+    threads: int = 0  # the torch threads its blocks run at (its block journal's count; 0: unknown or any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,7 @@ class Orphan:
 
 
 def plan(stranded: Sequence[Stranded], hosts: Sequence[EngineEntry], records: Mapping[str, HostRecord],
-         guard: Guard, settle_s: float, now: float) -> list[Reassign | Orphan]:
+         params: Params, settle_s: float, now: float, *, paths: PathRates) -> list[Reassign | Orphan]:
     """One decision per stranded session, in session_id order, each seeing the reservations before it."""
     records = dict(records)
     by_id = {h.host_id: h for h in hosts}
@@ -74,17 +76,20 @@ def plan(stranded: Sequence[Stranded], hosts: Sequence[EngineEntry], records: Ma
         record = records.get(held) if held else None
         if held and host is not None and record is not None and record.state == "up" and held != dead_host \
                 and record.sessions[s.session_id].incarnation == host.incarnation:
-            est = capacity.fit(s.contract, s.backend, host, capacity.release(record, [s.session_id]), guard,
+            est = capacity.fit(s.contract, s.backend, host, capacity.release(record, [s.session_id]), params.guard,
                                settle_s)
             out.append(Reassign(s.session_id, held, host.incarnation, s.view.owner.version, est, reserved=True))
             continue
-        ests = capacity.by_room(s.contract, s.backend, hosts, records, guard, settle_s, exclude=[dead_host])
-        best = spread(ests)
+        want = choice.wanted(s.session_id, s.contract, s.backend, threads=s.threads)
+        # Any host but the one that died first (a restarted process under its id restores from scratch too)
+        got = choice.choose(want, hosts=hosts, records=records, params=params, settle_s=settle_s, paths=paths,
+                            exclude=[dead_host], spread=True)
+        if got.estimate is None:
+            got = choice.choose(want, hosts=hosts, records=records, params=params, settle_s=settle_s, paths=paths,
+                                spread=True)
+        best = got.estimate
         if best is None:
-            ests = capacity.by_room(s.contract, s.backend, hosts, records, guard, settle_s)
-            best = spread(ests)
-        if best is None:
-            out.append(Orphan(s.session_id, ests))
+            out.append(Orphan(s.session_id, got.estimates))
             continue
         chosen = by_id[best.host_id]
         records[best.host_id] = capacity.reserve(records.get(best.host_id) or HostRecord(host_id=best.host_id),
@@ -92,17 +97,3 @@ def plan(stranded: Sequence[Stranded], hosts: Sequence[EngineEntry], records: Ma
         out.append(Reassign(s.session_id, best.host_id, chosen.incarnation, s.view.owner.version, best,
                             reserved=False))
     return out
-
-
-def spread(ests: Sequence[Estimate]) -> Estimate | None:
-    """Of the fitting estimates (in `capacity.by_room` order), the first on a host serving or holding the
-    fewest sessions (`host_sessions`: its heartbeat's count plus its unsettled reservations). `by_room`
-    packs the hosts of one device onto the busiest process, which suits a placement at a time; a failover
-    lands a whole host's sessions at once, and each replacement restores and regenerates before it
-    serves, so one survivor taking them all was the slowest reclaim (9.9 s for the last of seven under
-    load) and the next death's whole fleet. Counting what the hosts hold, not what this plan sent, keeps
-    the spread when one death's sessions are found over several sweeps: each sweep sees the earlier
-    ones' reservations, or the heartbeats that show them. Capacity still decides: only a host the
-    session fits is taken, with this plan's earlier reservations counted."""
-    fitting = [e for e in ests if e.fits]
-    return min(fitting, key=lambda e: e.host_sessions) if fitting else None

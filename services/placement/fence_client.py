@@ -8,11 +8,15 @@ and backend never change, so they are asked once and kept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from libs import bus, names
 from libs.contracts import Contract
+from libs.errors import StatefleetError
+from libs.fence.block_journal import recorded_threads
 from libs.fence.ownership import assign, read_owner
 from libs.schemas.base import decode
 from libs.schemas.fence import MarkReply, MarkRequest, MetaRequest, SessionMeta, SessionView
@@ -44,6 +48,18 @@ class FenceClient:
 
     def remember(self, session_id: str, contract: Contract, backend: str) -> None:
         self._specs[session_id] = (contract, backend)
+
+    async def threads(self, session_id: str) -> int:
+        """The torch threads the session's blocks run at, as its block journal records them (0: none
+        recorded, or the journal unreadable now: placement then prefers no host for it)."""
+        try:
+            return await recorded_threads(self.js, session_id)
+        except StatefleetError:
+            return 0
+
+    def known(self) -> Mapping[str, tuple[Contract, str]]:
+        """Every session's (contract, backend) asked or told so far, without asking fence."""
+        return self._specs
 
     async def spec(self, session_id: str) -> tuple[Contract, str]:
         """The session's contract and backend, from fence's meta the first time."""

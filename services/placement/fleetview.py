@@ -142,7 +142,7 @@ def _session(info: SessionInfo, seen: Seen, spec: tuple[Contract, str], entry: E
     return Session(session_id=info.session_id, backend=backend, contract=contract, state=state,
                    host_id=entry.host_id, state_bytes=info.state_bytes,
                    dirty_rate_bps=dirty_rate_bps(contract, backend, entry), last_input_at=seen.last_input_at,
-                   suspended_at=seen.suspended_at, moves=tuple(seen.moves))
+                   suspended_at=seen.suspended_at, moves=tuple(seen.moves), threads=info.threads)
 
 
 def _queued(r: SessionRecord, now: float) -> Session:

@@ -106,12 +106,12 @@ class PlacementService(Service):
                                          guard=self.guard, settle_s=settle_s)
         relocation = Relocation(nc=self.nc, owners=self.fence, reservations=self.reservations,
                                 deadline_s=cfg.drain_move_deadline_s)
-        self.placer = Placer(view=self.view, specs=self.fence, reservations=self.reservations, settle_s=settle_s,
-                             log=self.log)
+        self.placer = Placer(view=self.view, specs=self.fence, reservations=self.reservations, config=cfg,
+                             settle_s=settle_s, log=self.log)
         self.sweeper = Sweeper(view=self.view, owners=self.fence, reservations=self.reservations, guard=self.guard,
-                               settle_s=settle_s, grace_s=cfg.reservation_grace_s, log=self.log)
+                               config=cfg, settle_s=settle_s, grace_s=cfg.reservation_grace_s, log=self.log)
         self.drainer = Drainer(view=self.view, owners=self.fence, reservations=self.reservations,
-                               relocation=relocation, guard=self.guard, settle_s=settle_s, log=self.log)
+                               relocation=relocation, guard=self.guard, config=cfg, settle_s=settle_s, log=self.log)
         lease_kv = await bucket(names.PLACEMENT_LEASE_BUCKET)
         self.fleet = FleetController(
             config=cfg, guard=self.guard, settle_s=settle_s,

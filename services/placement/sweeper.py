@@ -21,7 +21,9 @@ from libs.schemas.common import SessionSummary
 from libs.schemas.fence import Owner, SessionView
 from libs.telemetry import counter
 from services.placement import failover
+from services.placement.control_config import FleetControlConfig
 from services.placement.parts import Owners, Reserving
+from services.placement.policy import PathRates
 from services.placement.view import FleetView
 
 _failovers = counter("sf_placement_failovers_total", "Failover decisions by outcome")
@@ -29,8 +31,10 @@ _failovers = counter("sf_placement_failovers_total", "Failover decisions by outc
 
 class Sweeper:
     def __init__(self, *, view: FleetView, owners: Owners, reservations: Reserving, guard: Guard,
+                 config: FleetControlConfig,
                  settle_s: float, grace_s: float, log: structlog.typing.FilteringBoundLogger) -> None:
         self.view, self.owners, self.reservations = view, owners, reservations
+        self.config = config  # the policy's knobs (`choice.py`), read at each decision
         self.guard, self.settle_s, self.grace_s, self.log = guard, settle_s, grace_s, log
         self._orphans: set[str] = set()
 
@@ -55,11 +59,12 @@ class Sweeper:
             except StatefleetError as e:
                 self.log.info("stranded_unread", session_id=s.session_id, code=e.code)
                 continue
-            stranded.append(failover.Stranded(s.session_id, view, contract, backend))
+            threads = await self.owners.threads(s.session_id)  # a replay is bit-exact at its own count
+            stranded.append(failover.Stranded(s.session_id, view, contract, backend, threads))
         if not stranded:
             return
-        decisions = failover.plan(stranded, self.view.up_hosts(), self.view.records(), self.guard, self.settle_s,
-                                  time.time())
+        decisions = failover.plan(stranded, self.view.up_hosts(), self.view.records(), self.config.params(self.guard),
+                                  self.settle_s, time.time(), paths=PathRates(default_bps=self.config.path_bps))
         views = {s.session_id: s.view for s in stranded}
         await asyncio.gather(*(self._carry_out(d, views[d.session_id]) for d in decisions))
 

@@ -73,6 +73,7 @@ class Owners:
         self.fleet = view
         self.views: dict[str, SessionView] = {}
         self.specs: dict[str, tuple[Contract, str]] = {}
+        self.thread_counts: dict[str, int] = {}  # the block journal's count per session
         self.assigns: list[tuple[str, str, int]] = []
         self.marks: list[tuple[str, int, str]] = []
 
@@ -101,6 +102,9 @@ class Owners:
 
     async def spec(self, session_id: str) -> tuple[Contract, str]:
         return self.specs[session_id]
+
+    async def threads(self, session_id: str) -> int:
+        return self.thread_counts.get(session_id, 0)
 
     async def mark(self, session_id: str, version: int, orphaned: str = "", *, shed: str = "") -> None:
         """Fence's marks, as asked for; a shed one also as the hint then shows it."""
@@ -239,4 +243,4 @@ class Parts:
 
     def drainer(self) -> Drainer:
         return Drainer(view=self.view, owners=self.owners, reservations=self.reservations, relocation=self.relocation,
-                       guard=GUARD, settle_s=self.config.reservation_settle_s, log=LOG)
+                       guard=GUARD, config=self.config, settle_s=self.config.reservation_settle_s, log=LOG)

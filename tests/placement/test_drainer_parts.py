@@ -63,3 +63,22 @@ async def test_an_unknown_host_is_refused_and_nothing_is_written():
     with pytest.raises(NotFound):
         await parts.drainer().drain(HostRequest(host_id="nope"))
     assert parts.view.host_records == {}
+
+
+async def test_a_pinned_session_leaves_for_a_host_at_its_thread_count():
+    """The block journal says "a" runs at 2 threads: the drain sends it to the one host at 2 (h2), though
+    the policy alone spreads onto the emptier h1; "b", recorded at no count, goes where the policy says."""
+    import msgspec
+
+    def at(h, threads):
+        return msgspec.structs.replace(h, threads=threads)
+
+    parts = Parts([at(host("h0"), 2), at(host("h1"), 1), at(host("h2", busy=0.3, sessions=3), 2)])
+    for sid in ("a", "b"):
+        parts.owners.own(sid, "h0")
+        parts.reserved("h0", sid)
+        parts.relocation.commits.add(sid)
+    parts.owners.thread_counts["a"] = 2
+    report = await parts.drainer().drain(HostRequest(host_id="h0"))
+    assert {o.session_id: (o.outcome, o.dest) for o in report.outcomes} == {
+        "a": ("moved", "h2"), "b": ("moved", "h1")}

@@ -47,7 +47,7 @@ def test_prefers_a_host_whose_paths_keep_a_later_move_admissible():
     f = fleet({"h0": [sess("a", "h0")], "h1": [], "h2": []}, queued=(sess("q"),), paths=paths)
     zoned = msgspec.structs.replace(f, hosts=tuple(
         msgspec.structs.replace(h, zone="far" if h.host_id == "h0" else "near") for h in f.hosts))
-    assert placed(react(zoned, PARAMS)) == {"q": "h2"}  # (equal hosts: the higher id, keeping h1 for later)
+    assert placed(react(zoned, PARAMS)) == {"q": "h1"}  # (equal hosts: the lower id, `Placer._key`)
     assert placed(react(f, PARAMS)) == {"q": "h0"}  # one zone: the busiest within the target wins
 
 
@@ -139,3 +139,14 @@ def test_placement_stops_looking_only_where_no_host_further_on_could_be_within_t
             ranked.append((rank, -i if rank < 2 else i, hl))
     want = min(ranked, key=lambda r: r[:2])[2].host_id if ranked else "no_fit"
     assert (got if isinstance(got, str) else got[0].host_id) == want
+
+
+def test_equally_loaded_hosts_go_to_the_one_holding_more_sessions_then_the_lower_id():
+    """Best fit's tie rule: two processes reading one device's pooled load keep taking sessions on the one
+    that already serves it (one scheduler sees every deadline), and idle hosts fill in id order."""
+    f = fleet({"h0": [], "h1": [], "h2": []}, queued=(sess("q"),), background={"h0": 0.2, "h1": 0.2, "h2": 0.2})
+    assert placed(react(f, PARAMS)) == {"q": "h0"}
+    busier = msgspec.structs.replace(f, hosts=tuple(
+        msgspec.structs.replace(h, entry=msgspec.structs.replace(h.entry, sessions=2)) if h.host_id == "h2" else h
+        for h in f.hosts))
+    assert placed(react(busier, PARAMS)) == {"q": "h2"}

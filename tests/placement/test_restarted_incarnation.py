@@ -46,7 +46,7 @@ async def test_a_restarted_process_does_not_keep_its_predecessors_sessions():
     parts.view.summary["s1"] = SessionSummary(session_id="s1", owner_server_id="h1", owner_version=1,
                                               owner_incarnation="h1-a", claimed=True, state="serving")
     sweeper = Sweeper(view=parts.view, owners=owners, reservations=parts.reservations,  # type: ignore[arg-type]
-                      guard=GUARD, settle_s=5.0, grace_s=3600.0, log=structlog.get_logger("test"))
+                      guard=GUARD, config=parts.config, settle_s=5.0, grace_s=3600.0, log=structlog.get_logger("test"))
 
     await sweeper.sweep()
     assert owners.views["s1"].incarnation == "h1-a"  # nothing changed: its process is alive

@@ -5,20 +5,26 @@ included), a host that stays within the latency target with the session
 (`Params.latency_target_frac` of every resident's SLO) beats one that would not, and among
 those one whose fastest path out would admit a live move of this session wins: a session
 placed there can still be moved later. Within the target the busiest such host wins (best
-fit, ties by the higher host_id): light sessions pack together, so empty hosts stay empty for
+fit; ties by the most sessions held, then the lower host_id): light sessions pack together, so empty hosts stay empty for
 the sessions that need a device nearly to themselves (under the profile model a tier-16
 session's target leaves room for no co-tenant). A host past the target takes the session only
 when no fitting host is within it, and then the least busy does, so the fleet's worst chunk
 latency grows as slowly as it can: the guard band is the limit, the target is where placement
 aims. `Placer(pack=False)` ranks the same way but least busy first within the target too (the
-least-loaded baseline).
+least-loaded baseline); `Placer(spread=True)` takes, within the best rank any host reaches, the
+host holding the fewest sessions (failover and drain, which land many sessions at once). A session
+pinned to a torch thread count is placed among the hosts running at that count first (`choose`).
+
+The placement service runs this same function for new sessions, failover and drain
+(`services/placement/choice.py` builds the snapshot from its fleet view); the simulator runs it
+through `decide.react`.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_right, insort
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from libs import admissibility
 from libs.contracts import Estimate
@@ -27,31 +33,56 @@ from services.placement.policy.actions import Place, Refusal, Resume
 from services.placement.policy.plan import HostLoad, Plan
 from services.placement.policy.snapshot import Session
 
+Among = Callable[[HostLoad], bool] | None  # the hosts one pass of `Placer.choose` looks at (None: every open one)
+
 
 class Placer:
     """Keeps the open hosts ordered by load across the placements of one decision."""
 
-    def __init__(self, plan: Plan, *, pack: bool = True) -> None:
+    def __init__(self, plan: Plan, *, pack: bool = True, spread: bool = False) -> None:
         self.plan = plan
         self.pack = pack  # within the target, the busiest host first (False: the least busy, as a baseline)
-        self.order = sorted(plan.open_loads(), key=_key)
+        # Within a rank, the host holding the fewest sessions first (the rank's own order breaking ties): a
+        # failover lands a dead host's sessions at once, and each restores before it serves, so one survivor
+        # taking them all was the slowest reclaim (9.9 s for the last of seven under load) and the next
+        # death's whole fleet; hosts sharing a device also read one pooled load, which `pack` cannot split.
+        self.spread = spread
+        # Scans run from either end of one order by load; among hosts equally loaded, the one already holding
+        # the most sessions, then the lower host_id, is the busier end's: best fit then keeps a device shared
+        # by several processes (one pooled load) on the process that already serves it, as the service's
+        # placement always did, and on idle hosts takes the first by id.
+        ids = sorted(hl.host_id for hl in plan.open_loads())
+        self._rank = {hid: -i for i, hid in enumerate(ids)}
+        self.order = sorted(plan.open_loads(), key=self._key)
         self.profiles = list({id(hl.host.entry.profile): hl for hl in self.order}.values())  # one host per profile
 
     def choose(self, s: Session, prefer: str = "") -> tuple[HostLoad, Estimate] | str:
         """(host, estimate) for `s`, or the refusal reason. `prefer` is tried first (a resume's old host).
 
-        Hosts are ranked: within the latency target with an admissible way out, within the target,
+        A session pinned to a thread count (`Session.threads`) is placed among the hosts running at that
+        count first, as if they were the whole fleet, and among all hosts only if none of them takes it:
+        a replay at another count gives other low bits, but a session served is better than one refused.
+        """
+        if s.threads:
+            got = self._choose(s, prefer, lambda hl: hl.host.entry.threads == s.threads)
+            if not isinstance(got, str):
+                return got
+        return self._choose(s, prefer, None)
+
+    def _choose(self, s: Session, prefer: str, among: Among) -> tuple[HostLoad, Estimate] | str:
+        """Hosts are ranked: within the latency target with an admissible way out, within the target,
         then (only when no fitting host is within it) with a way out, then any that fits; busiest
         first within the first two ranks (least busy with `pack=False`), least busy first in the
-        last two. The preferred host wins its rank's ties.
-        """
+        last two. The preferred host wins its rank's ties. Only hosts `among` accepts are looked at."""
         plan = self.plan
         # With a latency cap nothing is placed past it: a session no host takes within it waits (the
         # autoscaler asks for hosts), unless it misses the cap even alone, when only an empty host will do.
         capped = plan.params.latency_cap_ms > 0
+        if self.spread:
+            return self._spread(s, among, capped)
         found: list[tuple[HostLoad, Estimate] | None] = [None, None, None, None]
         preferred = plan.loads.get(prefer)
-        if preferred is not None and preferred.open:
+        if preferred is not None and preferred.open and (among is None or among(preferred)):
             est = plan.fit(s, preferred)
             if est.fits:
                 if plan.within_target(s, preferred):
@@ -61,7 +92,7 @@ class Placer:
         # Within the target: the busiest host that stays within it (best fit). Light sessions pack
         # together, so empty hosts stay empty for the sessions that need a device nearly to
         # themselves; a host no busier than `bound` is the only kind that can be within it.
-        for hl, est in self.within(s):
+        for hl, est in self.within(s, among):
             if self._escapes(s, hl):
                 return hl, est
             if found[1] is None:
@@ -72,7 +103,7 @@ class Placer:
         for hl in self.order:
             if found[2] is not None:
                 break
-            if capped and (hl.n or hl.pending):
+            if (capped and (hl.n or hl.pending)) or (among is not None and not among(hl)):
                 continue
             est = plan.fit(s, hl)
             if not est.fits:
@@ -82,7 +113,32 @@ class Placer:
                 found[rank] = (hl, est)
         return next((f for f in found if f is not None), "past_cap" if capped else "no_fit")
 
-    def within(self, s: Session) -> Iterator[tuple[HostLoad, Estimate]]:
+    def _spread(self, s: Session, among: Among, capped: bool) -> tuple[HostLoad, Estimate] | str:
+        """`spread`: the ranks of `_choose`, and within the best rank any host takes, the one holding the
+        fewest sessions (its heartbeat's count plus its pending demand), then the rank's own order."""
+        plan, order = self.plan, self.order
+        best: tuple[tuple[int, int, int], HostLoad, Estimate] | None = None
+        last = len(order) - 1
+        for i, hl in enumerate(order):
+            if among is not None and not among(hl):
+                continue
+            est = plan.fit(s, hl)
+            if not est.fits:
+                continue
+            t = plan.term(s, hl)
+            within = t is not None and hl.busy + t.share <= plan.room(hl) + 1e-9 and plan.within_target(s, hl)
+            if capped and not within and (hl.n or hl.pending):
+                continue
+            rank = (0 if within else 2) + (0 if self._escapes(s, hl) else 1)
+            position = (last - i if self.pack else i) if within else i
+            key = (rank, hl.host.entry.sessions + len(hl.pending), position)
+            if best is None or key < best[0]:
+                best = (key, hl, est)
+        if best is None:
+            return "past_cap" if capped else "no_fit"
+        return best[1], best[2]
+
+    def within(self, s: Session, among: Among = None) -> Iterator[tuple[HostLoad, Estimate]]:
         """The fitting hosts that stay within the latency target with `s`, busiest first (`pack`).
 
         Only a host no busier than the target's bound can be within it, so the scan starts there.
@@ -92,6 +148,8 @@ class Placer:
         share = min((t.share for hl in self.profiles if (t := plan.term(s, hl)) is not None), default=0.0)
         for i in range(end - 1, -1, -1) if self.pack else range(end):
             hl = order[i]
+            if among is not None and not among(hl):
+                continue
             # a resident that could not take even the lightest share within its target rules the host out
             if hl.busy + share <= plan.room(hl) + 1e-9 and plan.within_target(s, hl):
                 est = plan.fit(s, hl)
@@ -111,10 +169,13 @@ class Placer:
                 bound = b - t.share
         return bound
 
+    def _key(self, hl: HostLoad) -> tuple[float, int, int]:
+        return (hl.busy, hl.host.entry.sessions + len(hl.pending), self._rank[hl.host_id])
+
     def commit(self, s: Session, hl: HostLoad, est: Estimate) -> None:
         self.order.remove(hl)
         self.plan.add(s, hl, est)
-        insort(self.order, hl, key=_key)
+        insort(self.order, hl, key=self._key)
 
     def _escapes(self, s: Session, hl: HostLoad) -> bool:
         rate = self.plan.escape_bps(hl)
@@ -126,8 +187,6 @@ class Placer:
             bandwidth_bps=rate, setup_s=p.move_setup_s)).admissible
 
 
-def _key(hl: HostLoad) -> tuple[float, str]:
-    return (hl.busy, hl.host_id)
 
 
 def _busy(hl: HostLoad) -> float:

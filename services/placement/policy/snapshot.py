@@ -49,6 +49,9 @@ class Session(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     last_input_at: float = 0.0
     suspended_at: float = 0.0  # meaningful while suspended: input after this wants a resume
     moves: tuple[float, ...] = ()  # times of its recent moves (the window bound counts these)
+    # The torch intra-op threads a T0/T1 session's blocks run at (`OpenSession.threads`): its bytes replay
+    # the same only at that count, so placement prefers hosts announcing it (`EngineEntry.threads`). 0: any.
+    threads: int = 0
 
 
 class PathRates(msgspec.Struct, frozen=True, kw_only=True):
