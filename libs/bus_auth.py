@@ -144,6 +144,9 @@ def permissions(user: str) -> Permissions:
              *_js_admin(_kv(names.CAPACITY_BUCKET)), f"$KV.{names.CAPACITY_BUCKET}.>",
              *_js_create(_kv(names.SESSIONS_BUCKET)),
              *_js_create(_kv(names.ADMISSION_BUCKET)),  # admission's queue: load the autoscaler counts
+             # the block journal's tail, read only: the torch threads a stranded session's blocks ran at,
+             # which failover and drain prefer a host at (`recorded_threads`)
+             *_js_read(names.BLOCK_STREAM),
              names.FENCE_ASSIGN, names.FENCE_META, names.FENCE_MARK, names.MOVER_MOVE,
              # the fleet controller: its lease, and the engine verbs it reads load from and offloads with
              *_js_admin(_kv(names.PLACEMENT_LEASE_BUCKET)), f"$KV.{names.PLACEMENT_LEASE_BUCKET}.>",

@@ -24,7 +24,7 @@ from bench.frontend import c1_contract, open_session
 from bench.stack import UpStack, children_of
 from libs import bus, names
 from libs.fence.ownership import read_owner
-from libs.schemas.fence import MetaRequest, SessionMeta
+from libs.schemas.fence import MetaRequest, SessionMeta, SessionView
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -106,16 +106,22 @@ async def test_whole_stack_sigkilled_and_restarted_resumes_every_session_from_it
         nc = await bus.connect(stack.cli_url(), name="crash-observer-2")
         js = nc.jetstream()
 
+        behind: dict[str, SessionView] = {}  # the sessions not resumed yet, as the log shows them
+
         async def resumed() -> bool:
+            behind.clear()
             for c in clients:
                 view = (await read_owner(js, c.sid)).view
                 old = owners[c.sid]
                 if view.claim is None or view.claim != view.owner or view.owner.version <= old.owner.version \
                         or view.incarnation in ("", old.incarnation):
-                    return False
-            return True
+                    behind[c.sid] = view
+            return not behind
 
-        await eventually(resumed, 60, every_s=0.2)
+        try:
+            await eventually(resumed, 60, every_s=0.2)
+        except AssertionError as e:
+            raise AssertionError(f"not resumed: {behind} (before the crash: {owners})") from e
         for c in clients:  # input goes on past the crash: new acks, and the new owner serves them
             await eventually(lambda c=c: _true(len(c.acked) and c.acked[-1] > acked_at_kill[c.sid] + 3), 60, every_s=0.2)
         for c in clients:

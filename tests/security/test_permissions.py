@@ -14,12 +14,13 @@ import nats.errors
 import pytest
 
 from libs import bus, bus_auth, errors, names
-from libs.fence import ownership
+from libs.fence import block_journal, ownership
 from libs.fence.client import EngineClient
 from libs.schemas.base import decode, encode
 from libs.schemas.common import SessionSummary
 from libs.schemas.fence import (
     AssignNotice,
+    BlockEntry,
     Claim,
     LogRecord,
     MarkReply,
@@ -285,3 +286,17 @@ async def test_admission_only_reads_the_sessions_hint(nats_server, fence_as_fenc
     p = await probes("admission")
     await p.nc.publish(f"$KV.{names.SESSIONS_BUCKET}.s", b"forged summary")
     await p.refused(f'Publish to "$KV.{names.SESSIONS_BUCKET}.s"')
+
+
+async def test_placement_reads_a_block_journals_threads_and_writes_none(nats_server, fence_as_fence, probes):
+    """Failover and drain prefer a host at the torch threads a stranded session's blocks ran at, read from
+    its block journal's tail (`recorded_threads`): placement's user may read the journal (a refused direct
+    get only times out, stalling every failover by the request timeout) and may not append to it."""
+    engine = await probes("engine.e0")
+    entry = BlockEntry(server_id="e0", version=1, threads=3)
+    await engine.nc.jetstream().publish(names.block_journal_subject("s"), encode(entry))
+    placement = await probes("placement")
+    assert await block_journal.recorded_threads(placement.nc.jetstream(timeout=2.0), "s") == 3
+    assert not placement.violations
+    await placement.nc.publish(names.block_journal_subject("s"), encode(entry))
+    await placement.refused(f'Publish to "{names.block_journal_subject("s")}"')
