@@ -137,6 +137,15 @@ class UpStack:
         finally:
             await nc.close()
 
+    def violations(self) -> list[str]:
+        """Every bus permission refusal a service logged: each is a missing grant (a read that only
+        times out on the client's side), never something a healthy stack does."""
+        out = []
+        for path in sorted((self.data_dir / "logs").glob("*.log")):
+            out += [f"{path.name}: {line.strip()}" for line in path.read_text(errors="replace").splitlines()
+                    if "permissions violation" in line.lower()]
+        return out
+
     def _alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"statefleet up exited with {self.proc.returncode}; see {self.data_dir / 'up.out'}")

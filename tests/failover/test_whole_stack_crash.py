@@ -135,6 +135,7 @@ async def test_whole_stack_sigkilled_and_restarted_resumes_every_session_from_it
             # crash (a checkpoint only moves forward), not the seed.
             after_crash = [e for e in restores(data, c.sid) if e.get("cursor", -1) >= before[c.sid].checkpoint_cursor]
             assert after_crash, f"{c.sid} did not resume from its checkpoint: {restores(data, c.sid)}"
+        assert not stack.violations()
     finally:
         if nc is not None:
             await nc.close()
