@@ -256,7 +256,8 @@ class EngineHostService(Service):
                             measured_fraction=rt.measured_fraction(),
                             state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
                             backends=self.backend_infos, machine=self.motion.machine,
-                            incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s)
+                            incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s,
+                            threads=torch.get_num_threads())
         await self.engines_kv.put(self.host_id, encode(entry))
         self.fence.heartbeat_landed(time.monotonic())
 

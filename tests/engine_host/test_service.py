@@ -55,6 +55,8 @@ async def test_registers_with_measured_profile_and_load(host, nc):
     kv = await nc.jetstream().key_value(names.ENGINES_BUCKET)
     entry = decode((await kv.get("h1")).value, EngineEntry)
     assert entry.device == "cpu" and entry.memory_bytes > 0
+    # the thread count its blocks run at, which placement prefers a pinned T0/T1 session's host by
+    assert entry.threads == torch.get_num_threads() > 0
     rows = {(r.backend, r.tier): r for r in entry.profile}
     assert set(rows) == ({("world", t) for t in (1, 2, 4)} | {("avatar", t) for t in (1, 2, 4, 8)}
                          | {("dit", t) for t in (1, 2, 3, 4)} | {("talking_head", t) for t in (1, 2)})
