@@ -31,7 +31,7 @@ class HostLoad:
     """
 
     __slots__ = ("host", "host_id", "open", "pending", "residents", "terms", "members", "kinds", "counts", "n",
-                 "busy", "ms", "room", "receiving", "sending", "escape")
+                 "busy", "ms", "room", "receiving", "sending", "escape", "fits")
 
     def __init__(self, host: Host, busy: float) -> None:
         self.host = host
@@ -52,6 +52,9 @@ class HostLoad:
         self.receiving = host.moves_in  # moves towards it: in flight, plus this decision's
         self.sending = 0
         self.escape = -1.0  # Plan.escape_bps, once asked
+        # Plan.fit's verdicts by (backend, contract): a fit reads only the heartbeat and `pending`, so
+        # it holds until `pending` grows (Plan.add resets it)
+        self.fits: dict[tuple[str, int], Estimate] | None = None
 
 
 class Plan:
@@ -175,7 +178,16 @@ class Plan:
         return cache[key]
 
     def fit(self, s: Session, hl: HostLoad) -> Estimate:
-        return estimate(s.contract, s.backend, hl.host.entry, hl.pending, self.params.guard)
+        """Does `s` fit `hl` now (its heartbeat and this decision's pending demand). Asked of the same
+        host for every session a step tries, so kept per contract until the host's pending demand grows."""
+        cache = hl.fits
+        if cache is None:
+            cache = hl.fits = {}
+        key = (s.backend, id(s.contract))  # contracts are the snapshot's, alive for the whole decision
+        est = cache.get(key)
+        if est is None:
+            est = cache[key] = estimate(s.contract, s.backend, hl.host.entry, hl.pending, self.params.guard)
+        return est
 
     # ------------------------------------------------------------ latency predictions
 
@@ -221,6 +233,7 @@ class Plan:
     def add(self, s: Session, hl: HostLoad, est: Estimate) -> None:
         self.claimed.add(s.session_id)
         hl.pending += (Demand(busy_fraction=est.busy_fraction, state_bytes=est.state_bytes),)
+        hl.fits = None
         t = self.term(s, hl)
         if t is not None:
             self.open_up(hl)[s.session_id] = t
