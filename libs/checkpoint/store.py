@@ -23,7 +23,7 @@ import msgspec
 import torch
 from nats.js.object_store import ObjectStore
 
-from libs import jetstream
+from libs import bus
 from libs.checkpoint.tree import byte_view, join, split
 from libs.errors import BadRequest, ConfigError, IntegrityError, NotFound
 from libs.schemas.base import Msg, decode, encode
@@ -109,7 +109,7 @@ class CheckpointStore:
 
     async def manifest(self, key: str) -> CheckpointManifest:
         _check_key(key)
-        data = await jetstream.read_object(self.objects, f"{key}.manifest", what="a checkpoint manifest", key=key)
+        data = await bus.read_object(self.objects, f"{key}.manifest", what="a checkpoint manifest", key=key)
         if data is None:
             raise NotFound(f"no checkpoint {key}", key=key)
         return decode(data, CheckpointManifest)
@@ -118,7 +118,7 @@ class CheckpointStore:
         """The tree (verified leaf by leaf, then moved to `device`) and its descriptor."""
         m = await self.manifest(key)
         if m.location == "object":
-            data = await jetstream.read_object(self.objects, f"{key}.data", what="checkpoint data", key=key)
+            data = await bus.read_object(self.objects, f"{key}.data", what="checkpoint data", key=key)
             if data is None:
                 raise IntegrityError(f"checkpoint {key} has a manifest but no data", key=key)
             blob: Any = bytearray(data)

@@ -19,7 +19,7 @@ import time
 
 from nats.js import JetStreamContext, api
 
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.fence import replay
 from libs.fence.session_log import EXPECTED_LAST_SUBJECT_SEQ, check_session_id
 from libs.schemas.base import decode, encode
@@ -28,7 +28,7 @@ from libs.schemas.fence import BlockEntry, ConsumedBlock, Owner
 
 async def read_tail(js: JetStreamContext, session_id: str) -> tuple[BlockEntry | None, int]:
     """The journal's last entry and its stream sequence ((None, 0) when the journal is empty)."""
-    raw = await jetstream.last_msg(js, names.BLOCK_STREAM, names.block_journal_subject(session_id),
+    raw = await bus.last_msg(js, names.BLOCK_STREAM, names.block_journal_subject(session_id),
                                    what="the block journal", session_id=session_id)
     return (None, 0) if raw is None else (decode(raw.data, BlockEntry), raw.seq)
 
@@ -70,7 +70,7 @@ async def read_all(js: JetStreamContext, session_id: str, through: int) -> list[
 
 async def _next_entry(js: JetStreamContext, subject: str, pos: int, session_id: str) -> api.RawStreamMsg | None:
     """The journal's first message at stream sequence `pos` or after (None: there is none)."""
-    return await jetstream.next_msg(js, names.BLOCK_STREAM, subject, pos, what="the block journal",
+    return await bus.next_msg(js, names.BLOCK_STREAM, subject, pos, what="the block journal",
                                     session_id=session_id)
 
 
@@ -126,7 +126,7 @@ class BlockJournal:
 
     async def _publish(self, entry: BlockEntry) -> None:
         entry.at = time.time()
-        self.tail_seq = await jetstream.append(
+        self.tail_seq = await bus.append(
             self.js, names.block_journal_subject(self.session_id), encode(entry),
             {EXPECTED_LAST_SUBJECT_SEQ: str(self.tail_seq)}, what="the block journal", session_id=self.session_id)
 
@@ -139,5 +139,5 @@ class BlockJournal:
         keep_from = ended[-1] if ended else (self.entry_seqs[0][0] if self.entry_seqs else self.tail_seq)
         self.entry_seqs = [(seq, last) for seq, last in self.entry_seqs if seq >= keep_from]
         # Unavailable: it only costs storage until the next round.
-        await jetstream.purge(self.js, names.BLOCK_STREAM, names.block_journal_subject(self.session_id),
+        await bus.purge(self.js, names.BLOCK_STREAM, names.block_journal_subject(self.session_id),
                               keep_from=keep_from, what="the block journal", session_id=self.session_id)

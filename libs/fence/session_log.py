@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.fence import core
 from libs.schemas.base import decode, encode
 from libs.schemas.fence import Event, LogRecord, SessionView
@@ -79,7 +79,7 @@ class Tail:
 
 
 async def read_tail(js: JetStreamContext, session_id: str) -> Tail:
-    raw = await jetstream.last_msg(js, names.SESSION_STREAM, names.session_log_subject(session_id),
+    raw = await bus.last_msg(js, names.SESSION_STREAM, names.session_log_subject(session_id),
                                    what="the session log", session_id=session_id)
     if raw is None:
         return Tail(core.EMPTY, 0)
@@ -93,7 +93,7 @@ async def append(js: JetStreamContext, session_id: str, tail: Tail, event: Event
     host = core.addressee(tail.view, event)
     subject = names.session_record_subject(session_id, names.NO_HOST if host is None else check_server_id(host))
     # Unavailable: the append may or may not have landed; the caller re-reads the tail and decides again.
-    seq = await jetstream.append(js, subject, encode(record), {
+    seq = await bus.append(js, subject, encode(record), {
         EXPECTED_LAST_SUBJECT_SEQ: str(tail.seq),
         EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: names.session_log_subject(session_id)},
         what="the session log", session_id=session_id, expected=tail.seq)

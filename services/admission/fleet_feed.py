@@ -23,7 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.telemetry import meter
 
 KEPT_EVENTS = 60
@@ -93,7 +93,7 @@ class FleetFeed:
         """Watch one bucket for as long as the service runs; a bucket not made yet is waited for."""
         while True:
             try:
-                kv = await jetstream.bucket(self.js, bucket)
+                kv = await bus.bucket(self.js, bucket)
                 if kv is None:
                     raise errors.Unavailable(f"no bucket {bucket} yet", bucket=bucket)
                 watcher = await bus.watch(kv)

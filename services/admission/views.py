@@ -8,7 +8,7 @@ import time
 import msgspec
 from nats.js import JetStreamContext
 
-from libs import bus, jetstream, names
+from libs import bus, names
 from libs.contracts import Reservations
 from libs.errors import StatefleetError
 from libs.fence.ownership import read_owner
@@ -54,7 +54,7 @@ async def owned_status(js: JetStreamContext, r: SessionRecord, queue_position: i
 async def owner_state(js: JetStreamContext, session_id: str, live: list[EngineEntry]) -> str:
     """The `sf_sessions` word on the owner; never `serving` while its host process is not live."""
     try:
-        kv = await jetstream.bucket(js, names.SESSIONS_BUCKET)
+        kv = await bus.bucket(js, names.SESSIONS_BUCKET)
         entry = await bus.kv_read(kv, session_id) if kv is not None else None
         if entry is None:
             return ""

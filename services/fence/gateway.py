@@ -36,7 +36,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext, api
 
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.fence import core, session_log
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
@@ -158,7 +158,7 @@ class Gateway:
         cursor = self._applied.get(session_id)
         if cursor is None or (cursor.server_id, cursor.version) != (owner.server_id, owner.version):
             with contextlib.suppress(errors.StatefleetError):  # none recorded, or unread now: a hint
-                kv = await jetstream.bucket(self.js, names.FENCE_META_BUCKET)
+                kv = await bus.bucket(self.js, names.FENCE_META_BUCKET)
                 entry = await bus.kv_read(kv, names.applied_key(session_id)) if kv is not None else None
                 if entry is not None:
                     cursor = decode(entry.value or b"", AppliedCursor)

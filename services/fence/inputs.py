@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import structlog
 from nats.js import JetStreamContext
 
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.fence import session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem
@@ -189,7 +189,7 @@ class InputAppender:
             if not batch.items:
                 return answers, [], 0
             try:
-                stored_seq = await jetstream.append(
+                stored_seq = await bus.append(
                     self.js, names.input_subject(session_id), encode(batch),
                     {session_log.EXPECTED_LAST_SUBJECT_SEQ: str(s.tail.stream_seq)}, what="the input store",
                     session_id=session_id)
@@ -228,7 +228,7 @@ class InputAppender:
 
     async def _read_tail(self, session_id: str) -> _InputTail:
         try:
-            raw = await jetstream.last_msg(self.js, names.INPUT_STREAM, names.input_subject(session_id),
+            raw = await bus.last_msg(self.js, names.INPUT_STREAM, names.input_subject(session_id),
                                            what="the input store", session_id=session_id)
         except errors.Timeout:  # ingress answers 503 (retry), as for any store that did not answer
             raise errors.Unavailable("input store unanswered; retry", session_id=session_id) from None
