@@ -21,7 +21,6 @@ from typing import Any, Literal
 import crc32c
 import msgspec
 import torch
-from nats.js.object_store import ObjectStore
 
 from libs import bus
 from libs.checkpoint.tree import byte_view, join, split
@@ -60,7 +59,7 @@ def _dtype(name: str) -> torch.dtype:
 class CheckpointStore:
     """put / get / delete / manifest of checkpoints by key; the location is chosen by size."""
 
-    def __init__(self, objects: ObjectStore, root: Path | str | None = None,
+    def __init__(self, objects: bus.ObjectStore, root: Path | str | None = None,
                  *, inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES) -> None:
         self.objects = objects
         self.root = Path(root) if root is not None else None

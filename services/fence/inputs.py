@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
-from nats.js import JetStreamContext
 
 from libs import bus, errors, names
 from libs.fence import session_log
@@ -72,7 +71,7 @@ class _Session:
 class InputAppender:
     """Assigns item seqs and stores items durably; one writer task per busy session keeps its tail exact."""
 
-    def __init__(self, js: JetStreamContext, *, max_group_items: int, max_group_bytes: int,
+    def __init__(self, js: bus.JetStream, *, max_group_items: int, max_group_bytes: int,
                  dedupe_items: int = 256, on_stored: OnStored | None = None) -> None:
         self.js = js
         self.dedupe_items = dedupe_items

@@ -17,9 +17,6 @@ import secrets
 import time
 
 import structlog
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
 
 from libs import bus, errors, init_inputs, names
 from libs.contracts import Contract
@@ -52,7 +49,7 @@ def token_digest(token: str) -> bytes:
 
 
 class Sessions:
-    def __init__(self, nc: NATS, js: JetStreamContext, kv: KeyValue, *, max_contract_bytes: int) -> None:
+    def __init__(self, nc: bus.Client, js: bus.JetStream, kv: bus.KeyValue, *, max_contract_bytes: int) -> None:
         self.nc, self.js, self.kv = nc, js, kv
         self.max_contract_bytes = max_contract_bytes
         self._cache: dict[str, SessionMeta] = {}  # for ingress authentication; evicted on close
