@@ -19,8 +19,6 @@ import contextlib
 import time
 from dataclasses import asdict, dataclass
 
-import nats.js.errors
-
 from bench.frontend import SessionClient
 from libs import bus, names
 from libs.fence import block_journal, core
@@ -47,10 +45,9 @@ class SessionAudit:
 async def read_log(js, session_id: str) -> list[LogRecord]:
     records, pos = [], 1
     while True:
-        try:
-            raw = await js.get_msg(names.SESSION_STREAM, seq=pos, subject=names.session_log_subject(session_id),
-                                   next=True, direct=True)
-        except nats.js.errors.NotFoundError:
+        raw = await bus.next_msg(js, names.SESSION_STREAM, names.session_log_subject(session_id), pos,
+                                 what="the session log")
+        if raw is None:
             return records
         records.append(decode(raw.data, LogRecord))
         pos = raw.seq + 1

@@ -43,7 +43,6 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
-import nats.js.errors
 
 from bench.common import parser, percentile, table, write
 from bench.stack import answers
@@ -227,11 +226,10 @@ class Bench:
         went (noticing the death and assigning, against installing the state and claiming)."""
         pos, assigned = 1, None
         while True:
-            try:
-                raw = await self.js.get_msg(names.SESSION_STREAM, seq=pos, subject=names.session_log_subject(sid),
-                                            next=True, direct=True)
-            except nats.js.errors.NotFoundError:
-                raise AssertionError(f"no claim at v{version} for {sid}") from None
+            raw = await bus.next_msg(self.js, names.SESSION_STREAM, names.session_log_subject(sid), pos,
+                                     what="the session log")
+            if raw is None:
+                raise AssertionError(f"no claim at v{version} for {sid}")
             record = decode(raw.data, LogRecord)
             if isinstance(record.event, Assign) and record.event.version == version:
                 assigned = record.at
@@ -256,8 +254,9 @@ class Bench:
         kv = await self.js.key_value(names.ENGINES_BUCKET)
         live = {}
         for h in self.engines:
-            with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                live[h] = decode((await kv.get(h)).value, EngineEntry).incarnation
+            entry = await bus.kv_read(kv, h)
+            if entry is not None:
+                live[h] = decode(entry.value, EngineEntry).incarnation
         out: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for sid in self.sids:
             v = (await read_owner(self.js, sid)).view

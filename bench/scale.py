@@ -34,7 +34,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import aiohttp
-from nats.js import api
 
 from bench.common import parser, percentile, table, write
 from libs import bus, errors, logs, names
@@ -153,7 +152,7 @@ class PerLease:
                 for item in event.items:
                     self.arrived[(sid, item.seq)] = time.perf_counter()
 
-        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
+        config = bus.ConsumerConfig(deliver_policy=bus.DeliverPolicy.NEW)
         self.subs.append(await js.subscribe(names.session_log_subject(sid), cb=on_record, ordered_consumer=True,
                                             config=config, stream=names.SESSION_STREAM,
                                             idle_heartbeat=PER_LEASE_HEARTBEAT_S))

@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nats.aio.client import Client as NATS
-
 from libs import bus, errors, names
 from libs.natsd import free_port
 from libs.procs import die_with_parent
@@ -193,7 +191,7 @@ def _env_of(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
 
 
-async def answers(nc: NATS, subject: str, timeout_s: float = 0.5) -> bool:
+async def answers(nc: bus.Client, subject: str, timeout_s: float = 0.5) -> bool:
     """Whether whoever serves the ping verb `subject` answers now (a process still starting does not)."""
     try:
         with bus.unavailable(f"ping on {subject}"):  # whatever else the bus says: not answering yet

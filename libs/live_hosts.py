@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable
 
 import structlog
-from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
 
 from libs import bus, errors, names
 from libs.errors import SchemaError
@@ -30,7 +28,7 @@ from libs.schemas.common import EngineEntry
 
 
 class LiveHosts:
-    def __init__(self, kv: KeyValue, heartbeat_s: float, log: structlog.typing.FilteringBoundLogger) -> None:
+    def __init__(self, kv: bus.KeyValue, heartbeat_s: float, log: structlog.typing.FilteringBoundLogger) -> None:
         self.kv = kv
         self.heartbeat_s = heartbeat_s
         self.max_age_s = heartbeat_s * names.HEARTBEAT_TTL_FACTOR
@@ -39,7 +37,7 @@ class LiveHosts:
         self._watcher = None
 
     @classmethod
-    async def open(cls, js: JetStreamContext, *, heartbeat_s: float, replicas: int,
+    async def open(cls, js: bus.JetStream, *, heartbeat_s: float, replicas: int,
                    log: structlog.typing.FilteringBoundLogger) -> LiveHosts:
         """The view on the engines bucket (created with its TTL if it is not there yet)."""
         kv = await bus.ensure_kv(js, names.ENGINES_BUCKET, ttl_s=heartbeat_s * names.HEARTBEAT_TTL_FACTOR,

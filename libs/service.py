@@ -17,9 +17,6 @@ import uuid
 from typing import ClassVar
 
 import structlog
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
 
 from libs import bus, logs, metrics_http, names, telemetry
 from libs.config import BaseConfig
@@ -40,9 +37,9 @@ class Service:
         self.instance = config.instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.started_at = time.time()
         self.log = structlog.get_logger(f"statefleet.{self.name}").bind(service=self.name, instance=self.instance)
-        self.nc: NATS
-        self.js: JetStreamContext
-        self._services_kv: KeyValue
+        self.nc: bus.Client
+        self.js: bus.JetStream
+        self._services_kv: bus.KeyValue
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
         self._metrics = None

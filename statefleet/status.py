@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from libs import bus, jetstream, names
+from libs import bus, names
 from libs.contracts import Guard, device_key
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry, ServiceEntry, SessionSummary
@@ -25,7 +25,7 @@ def default_nats_url() -> str:
 
 
 async def read_bucket(js, bucket: str, typ: type) -> list:
-    kv = await jetstream.bucket(js, bucket)
+    kv = await bus.bucket(js, bucket)
     if kv is None:
         return []
     return [decode(e.value, typ) for e in await bus.kv_entries(kv) if e.value]

@@ -21,9 +21,8 @@ from typing import Any, Literal
 import crc32c
 import msgspec
 import torch
-from nats.js.object_store import ObjectStore
 
-from libs import jetstream
+from libs import bus
 from libs.checkpoint.tree import byte_view, join, split
 from libs.errors import BadRequest, ConfigError, IntegrityError, NotFound
 from libs.schemas.base import Msg, decode, encode
@@ -60,7 +59,7 @@ def _dtype(name: str) -> torch.dtype:
 class CheckpointStore:
     """put / get / delete / manifest of checkpoints by key; the location is chosen by size."""
 
-    def __init__(self, objects: ObjectStore, root: Path | str | None = None,
+    def __init__(self, objects: bus.ObjectStore, root: Path | str | None = None,
                  *, inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES) -> None:
         self.objects = objects
         self.root = Path(root) if root is not None else None
@@ -109,7 +108,7 @@ class CheckpointStore:
 
     async def manifest(self, key: str) -> CheckpointManifest:
         _check_key(key)
-        data = await jetstream.read_object(self.objects, f"{key}.manifest", what="a checkpoint manifest", key=key)
+        data = await bus.read_object(self.objects, f"{key}.manifest", what="a checkpoint manifest", key=key)
         if data is None:
             raise NotFound(f"no checkpoint {key}", key=key)
         return decode(data, CheckpointManifest)
@@ -118,7 +117,7 @@ class CheckpointStore:
         """The tree (verified leaf by leaf, then moved to `device`) and its descriptor."""
         m = await self.manifest(key)
         if m.location == "object":
-            data = await jetstream.read_object(self.objects, f"{key}.data", what="checkpoint data", key=key)
+            data = await bus.read_object(self.objects, f"{key}.data", what="checkpoint data", key=key)
             if data is None:
                 raise IntegrityError(f"checkpoint {key} has a manifest but no data", key=key)
             blob: Any = bytearray(data)

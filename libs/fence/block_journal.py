@@ -17,30 +17,28 @@ from __future__ import annotations
 
 import time
 
-from nats.js import JetStreamContext, api
-
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.fence import replay
 from libs.fence.session_log import EXPECTED_LAST_SUBJECT_SEQ, check_session_id
 from libs.schemas.base import decode, encode
 from libs.schemas.fence import BlockEntry, ConsumedBlock, Owner
 
 
-async def read_tail(js: JetStreamContext, session_id: str) -> tuple[BlockEntry | None, int]:
+async def read_tail(js: bus.JetStream, session_id: str) -> tuple[BlockEntry | None, int]:
     """The journal's last entry and its stream sequence ((None, 0) when the journal is empty)."""
-    raw = await jetstream.last_msg(js, names.BLOCK_STREAM, names.block_journal_subject(session_id),
+    raw = await bus.last_msg(js, names.BLOCK_STREAM, names.block_journal_subject(session_id),
                                    what="the block journal", session_id=session_id)
     return (None, 0) if raw is None else (decode(raw.data, BlockEntry), raw.seq)
 
 
-async def recorded_threads(js: JetStreamContext, session_id: str) -> int:
+async def recorded_threads(js: bus.JetStream, session_id: str) -> int:
     """The intra-op thread count the session's journal records (`BlockEntry.threads`; 0: none recorded).
     Every entry of a session records the same count and a purge keeps the tail, so the tail tells it."""
     tail, _ = await read_tail(js, session_id)
     return tail.threads if tail is not None else 0
 
 
-async def read_all(js: JetStreamContext, session_id: str, through: int) -> list[tuple[int, BlockEntry]]:
+async def read_all(js: bus.JetStream, session_id: str, through: int) -> list[tuple[int, BlockEntry]]:
     """Every entry of the journal up to stream sequence `through`, in order, with its stream sequence,
     as the journal stood at one moment.
 
@@ -68,23 +66,23 @@ async def read_all(js: JetStreamContext, session_id: str, through: int) -> list[
     raise errors.Unavailable("the block journal kept being purged while read", session_id=session_id)
 
 
-async def _next_entry(js: JetStreamContext, subject: str, pos: int, session_id: str) -> api.RawStreamMsg | None:
+async def _next_entry(js: bus.JetStream, subject: str, pos: int, session_id: str) -> bus.RawStreamMsg | None:
     """The journal's first message at stream sequence `pos` or after (None: there is none)."""
-    return await jetstream.next_msg(js, names.BLOCK_STREAM, subject, pos, what="the block journal",
+    return await bus.next_msg(js, names.BLOCK_STREAM, subject, pos, what="the block journal",
                                     session_id=session_id)
 
 
 class BlockJournal:
     """The claimed owner's writer of one session's journal (see the module doc)."""
 
-    def __init__(self, js: JetStreamContext, session_id: str, owner: Owner, tail_seq: int, threads: int = 0) -> None:
+    def __init__(self, js: bus.JetStream, session_id: str, owner: Owner, tail_seq: int, threads: int = 0) -> None:
         self.js, self.session_id, self.owner = js, session_id, owner
         self.threads = threads  # recorded in every entry (BlockEntry.threads)
         self.tail_seq = tail_seq  # the stream sequence of our last entry: the next append's CAS
         self.entry_seqs: list[tuple[int, int]] = []  # (stream seq, last block) of the entries kept, for purging
 
     @classmethod
-    async def take(cls, js: JetStreamContext, session_id: str, owner: Owner,
+    async def take(cls, js: bus.JetStream, session_id: str, owner: Owner,
                    threads: int = 0) -> tuple[BlockJournal, list[BlockEntry]]:
         """Seal the journal for `owner` (its claim must have landed) and return what it held before.
         `threads`: the count the session's blocks run at, recorded in the seal and every entry after."""
@@ -126,7 +124,7 @@ class BlockJournal:
 
     async def _publish(self, entry: BlockEntry) -> None:
         entry.at = time.time()
-        self.tail_seq = await jetstream.append(
+        self.tail_seq = await bus.append(
             self.js, names.block_journal_subject(self.session_id), encode(entry),
             {EXPECTED_LAST_SUBJECT_SEQ: str(self.tail_seq)}, what="the block journal", session_id=self.session_id)
 
@@ -139,5 +137,5 @@ class BlockJournal:
         keep_from = ended[-1] if ended else (self.entry_seqs[0][0] if self.entry_seqs else self.tail_seq)
         self.entry_seqs = [(seq, last) for seq, last in self.entry_seqs if seq >= keep_from]
         # Unavailable: it only costs storage until the next round.
-        await jetstream.purge(self.js, names.BLOCK_STREAM, names.block_journal_subject(self.session_id),
+        await bus.purge(self.js, names.BLOCK_STREAM, names.block_journal_subject(self.session_id),
                               keep_from=keep_from, what="the block journal", session_id=self.session_id)

@@ -32,10 +32,6 @@ import time
 from collections.abc import AsyncIterator
 
 import structlog
-from nats.aio.client import Client as NATS
-from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
 
 from libs import bus, errors, names
 from libs.fence import core, session_log
@@ -73,18 +69,18 @@ class EngineClient:
     """`incarnation`: this process of `server_id` (claims carry it; assigns naming another are not ours).
     `suspect_after_s`: a heartbeat gap this long means placement may have declared us dead (0: never)."""
 
-    def __init__(self, nc: NATS, js: JetStreamContext, server_id: str, *, incarnation: str = "",
+    def __init__(self, nc: bus.Client, js: bus.JetStream, server_id: str, *, incarnation: str = "",
                  suspect_after_s: float = 0.0) -> None:
         self.nc, self.js, self.server_id = nc, js, server_id
         self.incarnation = incarnation
         self.suspect_after_s = suspect_after_s
         self._notices: asyncio.Queue[AssignNotice] = asyncio.Queue()
-        self._sub: Subscription | None = None
+        self._sub: bus.Subscription | None = None
         self._leases: dict[str, Lease] = {}
         self._feed: HostFeed | None = None
         self._feed_lock = asyncio.Lock()
         self._claiming: dict[str, dict[str, list[tuple[int, LogRecord]]]] = {}  # sid -> claim_id -> held records
-        self._meta_kv: KeyValue | None = None
+        self._meta_kv: bus.KeyValue | None = None
         self._last_beat: float | None = None  # monotonic time the host's last heartbeat landed
         self._epoch = 0  # bumped by every heartbeat gap long enough to have been declared dead
 
@@ -213,7 +209,7 @@ class EngineClient:
                                 ref=ref, cursor=cursor, block=block)
         return await bus.request(self.nc, names.FENCE_CHECKPOINT, req, SessionMeta)
 
-    async def meta_kv(self) -> KeyValue:
+    async def meta_kv(self) -> bus.KeyValue:
         if self._meta_kv is None:
             self._meta_kv = await self.js.key_value(names.FENCE_META_BUCKET)
         return self._meta_kv

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import structlog
-from nats.js import JetStreamContext, api
 
 from libs import bus, errors, names
 from libs.schemas.base import decode
@@ -31,7 +30,7 @@ Deliver = Callable[[str, int, LogRecord], None]
 class HostFeed:
     """Calls `deliver(session_id, log_position, record)` for each record addressed to `host_id`."""
 
-    def __init__(self, js: JetStreamContext, host_id: str, deliver: Deliver) -> None:
+    def __init__(self, js: bus.JetStream, host_id: str, deliver: Deliver) -> None:
         self.js, self.host_id, self._deliver = js, host_id, deliver
         self._sub = None
 
@@ -40,7 +39,7 @@ class HostFeed:
         `Unavailable` when the stream cannot be reached now (the caller retries)."""
         with bus.unavailable("host feed not started", host_id=self.host_id):
             start = (await self.js.stream_info(names.SESSION_STREAM)).state.last_seq + 1
-            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
+            config = bus.ConsumerConfig(deliver_policy=bus.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
             sub = await self.js.subscribe(names.host_records_subject(self.host_id), cb=self._on_msg,
                                           ordered_consumer=True, config=config, stream=names.SESSION_STREAM,
                                           idle_heartbeat=FEED_HEARTBEAT_S)

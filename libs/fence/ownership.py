@@ -14,9 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
-
 from libs import bus, names
 from libs.fence import session_log
 from libs.schemas.fence import AssignReply, AssignRequest
@@ -30,7 +27,7 @@ class Assigned:
     log_seq: int
 
 
-async def assign(nc: NATS, session_id: str, server_id: str, *,
+async def assign(nc: bus.Client, session_id: str, server_id: str, *,
                  expect_version: int | None = None, incarnation: str = "") -> Assigned:
     """Ask fence to make `server_id` the assigned owner (unclaimed) with the next version.
 
@@ -45,6 +42,6 @@ async def assign(nc: NATS, session_id: str, server_id: str, *,
     return Assigned(reply.session_id, reply.server_id, reply.version, reply.log_seq)
 
 
-async def read_owner(js: JetStreamContext, session_id: str) -> session_log.Tail:
+async def read_owner(js: bus.JetStream, session_id: str) -> session_log.Tail:
     """The log's latest view of the session: a hint (the next CAS decides)."""
     return await session_log.read_tail(js, session_log.check_session_id(session_id))

@@ -17,9 +17,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from nats.js import JetStreamContext
-
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.fence import core
 from libs.schemas.base import decode, encode
 from libs.schemas.fence import Event, LogRecord, SessionView
@@ -57,7 +55,7 @@ class Retention:
     meta_max_bytes: int = -1
 
 
-async def provision(js: JetStreamContext, replicas: int = 1, retention: Retention = Retention()) -> None:
+async def provision(js: bus.JetStream, replicas: int = 1, retention: Retention = Retention()) -> None:
     """Create the fence's streams and buckets (idempotent)."""
     r = retention
     await bus.ensure_stream(js, bus.StreamSpec(names.SESSION_STREAM, [names.SESSION_LOG_SUBJECTS],
@@ -78,22 +76,22 @@ class Tail:
     seq: int
 
 
-async def read_tail(js: JetStreamContext, session_id: str) -> Tail:
-    raw = await jetstream.last_msg(js, names.SESSION_STREAM, names.session_log_subject(session_id),
+async def read_tail(js: bus.JetStream, session_id: str) -> Tail:
+    raw = await bus.last_msg(js, names.SESSION_STREAM, names.session_log_subject(session_id),
                                    what="the session log", session_id=session_id)
     if raw is None:
         return Tail(core.EMPTY, 0)
     return Tail(decode(raw.data, LogRecord).view, raw.seq)
 
 
-async def append(js: JetStreamContext, session_id: str, tail: Tail, event: Event) -> Tail:
+async def append(js: bus.JetStream, session_id: str, tail: Tail, event: Event) -> Tail:
     """Append `event` if the log is still at `tail`; raise `Conflict` if it moved. Returns the new tail."""
     view = core.apply(tail.view, event)
     record = LogRecord(event=event, view=view, at=time.time())
     host = core.addressee(tail.view, event)
     subject = names.session_record_subject(session_id, names.NO_HOST if host is None else check_server_id(host))
     # Unavailable: the append may or may not have landed; the caller re-reads the tail and decides again.
-    seq = await jetstream.append(js, subject, encode(record), {
+    seq = await bus.append(js, subject, encode(record), {
         EXPECTED_LAST_SUBJECT_SEQ: str(tail.seq),
         EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: names.session_log_subject(session_id)},
         what="the session log", session_id=session_id, expected=tail.seq)

@@ -18,8 +18,6 @@ from typing import Any
 
 import structlog
 import torch
-from nats.aio.client import Client as NATS
-from nats.aio.subscription import Subscription
 
 from libs import admissibility, bus, names
 from libs.errors import (
@@ -63,7 +61,7 @@ SLOT_GRACE_S = 5.0  # a slot outlives its move's horizon by this much before it 
 
 
 class MotionEndpoint:
-    def __init__(self, nc: NATS, host_id: str, host: StateHost, data_bind: str = "127.0.0.1:0", *,
+    def __init__(self, nc: bus.Client, host_id: str, host: StateHost, data_bind: str = "127.0.0.1:0", *,
                  tier: str = "T0", mooncake: MooncakeEngine | None = None, staging_bytes: int = 0,
                  machine_id: str | None = None, data_limits: DataPlaneLimits = DEFAULT_LIMITS) -> None:
         self.nc, self.host_id, self.host, self.tier = nc, host_id, host, tier
@@ -80,7 +78,7 @@ class MotionEndpoint:
         self.outgoing: dict[str, Manifest] = {}  # move_id -> manifest this host sent
         self.committed: dict[str, Manifest] = {}  # move_id -> manifest installed here (idempotent commit)
         self.frozen: dict[str, tuple[contextlib.AsyncExitStack, float]] = {}  # move_id -> (held boundary, until)
-        self._subs: list[Subscription] = []
+        self._subs: list[bus.Subscription] = []
         self._reaper: asyncio.Task | None = None
 
     @property

@@ -19,11 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.telemetry import meter
 
 KEPT_EVENTS = 60
@@ -37,7 +35,7 @@ _gauges_registered = False
 
 
 class FleetFeed:
-    def __init__(self, nc: NATS, js: JetStreamContext, *, queue: Callable[[], Any], heartbeat_s: float) -> None:
+    def __init__(self, nc: bus.Client, js: bus.JetStream, *, queue: Callable[[], Any], heartbeat_s: float) -> None:
         self.nc, self.js, self.queue, self.heartbeat_s = nc, js, queue, heartbeat_s
         self.hosts: dict[str, dict] = {}
         self.lifecycle: dict[str, str] = {}  # placement's host records: up, draining, drained
@@ -93,7 +91,7 @@ class FleetFeed:
         """Watch one bucket for as long as the service runs; a bucket not made yet is waited for."""
         while True:
             try:
-                kv = await jetstream.bucket(self.js, bucket)
+                kv = await bus.bucket(self.js, bucket)
                 if kv is None:
                     raise errors.Unavailable(f"no bucket {bucket} yet", bucket=bucket)
                 watcher = await bus.watch(kv)

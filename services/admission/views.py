@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 
 import msgspec
-from nats.js import JetStreamContext
 
-from libs import bus, jetstream, names
+from libs import bus, names
 from libs.contracts import Reservations
 from libs.errors import StatefleetError
 from libs.fence.ownership import read_owner
@@ -33,7 +32,7 @@ def status(r: SessionRecord, queue_position: int = 0) -> SessionStatus:
                          updated_at=r.updated_at)
 
 
-async def owned_status(js: JetStreamContext, r: SessionRecord, queue_position: int, live: list[EngineEntry],
+async def owned_status(js: bus.JetStream, r: SessionRecord, queue_position: int, live: list[EngineEntry],
                        log) -> SessionStatus:
     """The status with fence's owner as the log last said (a hint; no read decides anything)."""
     view = status(r, queue_position)
@@ -51,10 +50,10 @@ async def owned_status(js: JetStreamContext, r: SessionRecord, queue_position: i
     return view
 
 
-async def owner_state(js: JetStreamContext, session_id: str, live: list[EngineEntry]) -> str:
+async def owner_state(js: bus.JetStream, session_id: str, live: list[EngineEntry]) -> str:
     """The `sf_sessions` word on the owner; never `serving` while its host process is not live."""
     try:
-        kv = await jetstream.bucket(js, names.SESSIONS_BUCKET)
+        kv = await bus.bucket(js, names.SESSIONS_BUCKET)
         entry = await bus.kv_read(kv, session_id) if kv is not None else None
         if entry is None:
             return ""

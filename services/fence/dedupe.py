@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from nats.js import JetStreamContext
-
+from libs import bus
 from libs.schemas.fence import InputBatch
 from services.fence import input_reads
 
@@ -40,13 +39,13 @@ class RecentIds:
         self.pos = max(self.pos, pos)
 
     @classmethod
-    async def load(cls, js: JetStreamContext, session_id: str, window: int, last_seq: int) -> RecentIds:
+    async def load(cls, js: bus.JetStream, session_id: str, window: int, last_seq: int) -> RecentIds:
         ids = cls(window)
         start = await input_reads.locate(js, session_id, max(1, last_seq - window + 1))
         await ids.catch_up(js, session_id, start)
         return ids
 
-    async def catch_up(self, js: JetStreamContext, session_id: str, start: int | None = None) -> None:
+    async def catch_up(self, js: bus.JetStream, session_id: str, start: int | None = None) -> None:
         """Read every batch after `pos` (or from `start`) to the end of the session's input."""
         pos = start if start is not None else self.pos + 1
         while found := await input_reads.next_batch(js, session_id, pos):

@@ -24,7 +24,6 @@ from typing import Protocol
 
 import msgspec
 from aiohttp import WSCloseCode, web
-from nats.aio.client import Client as NATS
 
 from libs import bus, errors, names
 from libs.fence import session_log
@@ -88,7 +87,7 @@ class Outbox:
 
 
 class Egress:
-    def __init__(self, nc: NATS, sessions: Sessions, sockets: SocketGate, *, max_buffered: int = 256) -> None:
+    def __init__(self, nc: bus.Client, sessions: Sessions, sockets: SocketGate, *, max_buffered: int = 256) -> None:
         self.nc, self.sessions, self.sockets, self.max_buffered = nc, sessions, sockets, max_buffered
 
     async def handle(self, request: web.Request, token: str | None) -> web.StreamResponse:

@@ -33,10 +33,8 @@ import contextlib
 from collections import defaultdict
 
 import structlog
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext, api
 
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.fence import core, session_log
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
@@ -63,7 +61,7 @@ _consume_failed = counter("sf_fence_gateway_handle_failed_total", "Fetched batch
 
 
 class Gateway:
-    def __init__(self, nc: NATS, js: JetStreamContext, *, batch: int, max_release_items: int,
+    def __init__(self, nc: bus.Client, js: bus.JetStream, *, batch: int, max_release_items: int,
                  max_release_bytes: int, max_unapplied: int = 1 << 30) -> None:
         self.nc, self.js = nc, js
         self.max_unapplied = max_unapplied
@@ -80,7 +78,7 @@ class Gateway:
         self.log = structlog.get_logger("statefleet.fence.gateway")
 
     async def start(self, spawn) -> None:
-        config = api.ConsumerConfig(durable_name=CONSUMER, ack_policy=api.AckPolicy.EXPLICIT,
+        config = bus.ConsumerConfig(durable_name=CONSUMER, ack_policy=bus.AckPolicy.EXPLICIT,
                                     ack_wait=ACK_WAIT_S, max_ack_pending=-1, filter_subject=names.INPUT_SUBJECTS)
         self._sub = await self.js.pull_subscribe(names.INPUT_SUBJECTS, durable=CONSUMER, stream=names.INPUT_STREAM,
                                                  config=config)
@@ -158,7 +156,7 @@ class Gateway:
         cursor = self._applied.get(session_id)
         if cursor is None or (cursor.server_id, cursor.version) != (owner.server_id, owner.version):
             with contextlib.suppress(errors.StatefleetError):  # none recorded, or unread now: a hint
-                kv = await jetstream.bucket(self.js, names.FENCE_META_BUCKET)
+                kv = await bus.bucket(self.js, names.FENCE_META_BUCKET)
                 entry = await bus.kv_read(kv, names.applied_key(session_id)) if kv is not None else None
                 if entry is not None:
                     cursor = decode(entry.value or b"", AppliedCursor)

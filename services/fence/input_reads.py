@@ -6,24 +6,22 @@ Item seqs rise with stream seq, so an item's batch is found by binary search ove
 
 from __future__ import annotations
 
-from nats.js import JetStreamContext
-
-from libs import jetstream, names
+from libs import bus, names
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
 
 
-async def next_batch(js: JetStreamContext, session_id: str, pos: int) -> tuple[InputBatch, int] | None:
+async def next_batch(js: bus.JetStream, session_id: str, pos: int) -> tuple[InputBatch, int] | None:
     """The session's first stored batch at stream sequence ≥ `pos`, with its stream sequence."""
-    raw = await jetstream.next_msg(js, names.INPUT_STREAM, names.input_subject(session_id), pos,
+    raw = await bus.next_msg(js, names.INPUT_STREAM, names.input_subject(session_id), pos,
                                    what="stored input", session_id=session_id)
     return None if raw is None else (decode(raw.data, InputBatch), raw.seq)
 
 
-async def locate(js: JetStreamContext, session_id: str, item_seq: int) -> int:
+async def locate(js: bus.JetStream, session_id: str, item_seq: int) -> int:
     """The stream sequence to read from to find item `item_seq` (binary search; 1 if unknown)."""
-    raw = await jetstream.last_msg(js, names.INPUT_STREAM, names.input_subject(session_id), what="stored input",
+    raw = await bus.last_msg(js, names.INPUT_STREAM, names.input_subject(session_id), what="stored input",
                                    session_id=session_id)
     if raw is None:
         return 1
@@ -38,7 +36,7 @@ async def locate(js: JetStreamContext, session_id: str, item_seq: int) -> int:
     return lo
 
 
-async def read_items(js: JetStreamContext, session_id: str, after: int, pos: int, *, max_items: int,
+async def read_items(js: bus.JetStream, session_id: str, after: int, pos: int, *, max_items: int,
                      max_bytes: int) -> list[tuple[InputItem, int]]:
     """Stored items `after+1, after+2, ...` (stopping at a gap or a limit), each with its batch's stream seq.
 

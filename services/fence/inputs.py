@@ -23,9 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
-from nats.js import JetStreamContext
 
-from libs import bus, errors, jetstream, names
+from libs import bus, errors, names
 from libs.fence import session_log
 from libs.schemas.base import decode, encode
 from libs.schemas.common import InputItem
@@ -72,7 +71,7 @@ class _Session:
 class InputAppender:
     """Assigns item seqs and stores items durably; one writer task per busy session keeps its tail exact."""
 
-    def __init__(self, js: JetStreamContext, *, max_group_items: int, max_group_bytes: int,
+    def __init__(self, js: bus.JetStream, *, max_group_items: int, max_group_bytes: int,
                  dedupe_items: int = 256, on_stored: OnStored | None = None) -> None:
         self.js = js
         self.dedupe_items = dedupe_items
@@ -189,7 +188,7 @@ class InputAppender:
             if not batch.items:
                 return answers, [], 0
             try:
-                stored_seq = await jetstream.append(
+                stored_seq = await bus.append(
                     self.js, names.input_subject(session_id), encode(batch),
                     {session_log.EXPECTED_LAST_SUBJECT_SEQ: str(s.tail.stream_seq)}, what="the input store",
                     session_id=session_id)
@@ -228,7 +227,7 @@ class InputAppender:
 
     async def _read_tail(self, session_id: str) -> _InputTail:
         try:
-            raw = await jetstream.last_msg(self.js, names.INPUT_STREAM, names.input_subject(session_id),
+            raw = await bus.last_msg(self.js, names.INPUT_STREAM, names.input_subject(session_id),
                                            what="the input store", session_id=session_id)
         except errors.Timeout:  # ingress answers 503 (retry), as for any store that did not answer
             raise errors.Unavailable("input store unanswered; retry", session_id=session_id) from None

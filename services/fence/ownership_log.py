@@ -9,8 +9,6 @@ lost race reads and decides again. The clients that ask for them live in `libs/f
 from __future__ import annotations
 
 import structlog
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
 
 from libs import bus, errors, names
 from libs.fence import core, session_log
@@ -21,7 +19,7 @@ from services.fence.summaries import update_summary
 _log = structlog.get_logger("statefleet.fence")
 
 
-async def append_assign(nc: NATS, js: JetStreamContext, request: AssignRequest) -> AssignReply:
+async def append_assign(nc: bus.Client, js: bus.JetStream, request: AssignRequest) -> AssignReply:
     """The append behind `sf.fence.assign` (run by fence only): a compare-and-set on the log, then a notice."""
     session_id, server_id, expect_version = request.session_id, request.server_id, request.expect_version
     session_log.check_session_id(session_id)
@@ -45,7 +43,7 @@ async def append_assign(nc: NATS, js: JetStreamContext, request: AssignRequest) 
     raise errors.Conflict("assign kept losing the race", session_id=session_id)
 
 
-async def append_claim(js: JetStreamContext, request: ClaimRequest) -> ClaimReply:
+async def append_claim(js: bus.JetStream, request: ClaimRequest) -> ClaimReply:
     """The append behind `sf.fence.claim` (run by fence only): the core decides on the log tail, the CAS
     lands it. The engine retries a request whose answer it lost (a leader election, a fence restart),
     so a claim already standing for this same claimant is answered again instead of refused."""

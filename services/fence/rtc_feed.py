@@ -11,14 +11,9 @@ plays from the next block on. The blocks are arrays no viewer writes, so they ar
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Protocol
 
-import nats.errors
-from nats.aio.client import Client as NATS
-from nats.aio.subscription import Subscription
-
-from libs import errors, names
+from libs import bus, errors, names
 from libs.schemas.base import decode
 from libs.schemas.engine import OutputChunk
 from services.fence.rtc_blocks import BlockAssembler, BlockMedia
@@ -29,11 +24,11 @@ class Viewer(Protocol):
 
 
 class SessionFeed:
-    def __init__(self, nc: NATS, session_id: str) -> None:
+    def __init__(self, nc: bus.Client, session_id: str) -> None:
         self.nc, self.session_id = nc, session_id
         self.viewers: list[Viewer] = []
         self.blocks = BlockAssembler(self._media)
-        self._sub: Subscription | None = None
+        self._sub: bus.Subscription | None = None
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(names.output_subject(self.session_id), cb=self._chunk)
@@ -41,8 +36,7 @@ class SessionFeed:
 
     async def stop(self) -> None:
         if self._sub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await self._sub.unsubscribe()
+            await bus.quietly(self._sub.unsubscribe())
 
     async def _chunk(self, msg) -> None:
         try:
@@ -59,7 +53,7 @@ class SessionFeed:
 class Feeds:
     """The feeds of the sessions watched here: made with a session's first viewer, ended with its last."""
 
-    def __init__(self, nc: NATS) -> None:
+    def __init__(self, nc: bus.Client) -> None:
         self.nc = nc
         self.by_session: dict[str, SessionFeed] = {}
         self._lock = asyncio.Lock()  # a join never finds a feed still subscribing or already unsubscribing

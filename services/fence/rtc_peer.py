@@ -34,7 +34,6 @@ from collections.abc import Callable
 import msgspec
 import structlog
 from aiortc import RTCPeerConnection, RTCSessionDescription
-from nats.aio.client import Client as NATS
 
 from libs import bus, errors, names, rtc_ice
 from libs.fence.ownership import read_owner
@@ -52,7 +51,7 @@ _log = structlog.get_logger("statefleet.fence.rtc")
 
 
 class Peer:
-    def __init__(self, *, nc: NATS, ingress: Ingress, feeds: Feeds, session_id: str, token: str, limits: RtcLimits,
+    def __init__(self, *, nc: bus.Client, ingress: Ingress, feeds: Feeds, session_id: str, token: str, limits: RtcLimits,
                  on_closed: Callable[[Peer], None]) -> None:
         self.nc, self.ingress, self.session_id, self.token, self.limits = nc, ingress, session_id, token, limits
         self.feeds = feeds

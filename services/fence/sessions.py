@@ -17,11 +17,8 @@ import secrets
 import time
 
 import structlog
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
 
-from libs import bus, errors, init_inputs, jetstream, names
+from libs import bus, errors, init_inputs, names
 from libs.contracts import Contract
 from libs.fence import core, session_log
 from libs.schemas.base import decode, encode
@@ -52,7 +49,7 @@ def token_digest(token: str) -> bytes:
 
 
 class Sessions:
-    def __init__(self, nc: NATS, js: JetStreamContext, kv: KeyValue, *, max_contract_bytes: int) -> None:
+    def __init__(self, nc: bus.Client, js: bus.JetStream, kv: bus.KeyValue, *, max_contract_bytes: int) -> None:
         self.nc, self.js, self.kv = nc, js, kv
         self.max_contract_bytes = max_contract_bytes
         self._cache: dict[str, SessionMeta] = {}  # for ingress authentication; evicted on close
@@ -143,14 +140,14 @@ class Sessions:
     async def _forget_media(self, session_id: str) -> None:
         """A closed session's init media are read by no one again: free them."""
         try:
-            await jetstream.purge_key(self.kv, names.init_media_key(session_id), what="init media")
+            await bus.purge_key(self.kv, names.init_media_key(session_id), what="init media")
         except errors.Unavailable as e:  # only storage until the bucket is cleaned
             _log.warning("init_media_purge_failed", session_id=session_id, error=e.detail)
 
     async def _purge_input(self, session_id: str) -> None:
         """A closed session's stored input is never released again (its log ends in Close): free it."""
         try:
-            await jetstream.purge(self.js, names.INPUT_STREAM, names.input_subject(session_id), what="stored input")
+            await bus.purge(self.js, names.INPUT_STREAM, names.input_subject(session_id), what="stored input")
         except errors.Unavailable as e:  # retention ages it out anyway
             _log.warning("input_purge_failed", session_id=session_id, error=e.detail)
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import time
 
 import structlog
-from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
 
 from libs import bus, errors, names
 from libs.fence import core, session_log
@@ -23,7 +21,7 @@ from libs.schemas.fence import MarkReply, MarkRequest, SessionView
 _log = structlog.get_logger("statefleet.fence.summaries")
 
 
-async def first_summary(js: JetStreamContext, session_id: str, *, backend: str, session_class: str) -> None:
+async def first_summary(js: bus.JetStream, session_id: str, *, backend: str, session_class: str) -> None:
     """A session's first summary, as fence registers it: the hint names its backend and class from then on."""
     kv = await js.key_value(names.SESSIONS_BUCKET)
     await kv.put(session_id, encode(SessionSummary(session_id=session_id, backend=backend,
@@ -31,7 +29,7 @@ async def first_summary(js: JetStreamContext, session_id: str, *, backend: str, 
                                                    updated_at=time.time())))
 
 
-async def update_summary(js: JetStreamContext, session_id: str, view: SessionView, **fields: str) -> str:
+async def update_summary(js: bus.JetStream, session_id: str, view: SessionView, **fields: str) -> str:
     """Refresh the session's summary from the log's `view` (`fields` override it: a state and its
     reason); the state written, "" when the write failed."""
     try:
@@ -55,7 +53,7 @@ async def update_summary(js: JetStreamContext, session_id: str, view: SessionVie
         return ""
 
 
-async def _read(kv: KeyValue, session_id: str) -> SessionSummary:
+async def _read(kv: bus.KeyValue, session_id: str) -> SessionSummary:
     """The summary as it stands; a fresh one when there is none or it does not decode (it is rewritten)."""
     entry = await bus.kv_read(kv, session_id)
     try:
@@ -64,7 +62,7 @@ async def _read(kv: KeyValue, session_id: str) -> SessionSummary:
         return SessionSummary(session_id=session_id)
 
 
-async def mark(js: JetStreamContext, req: MarkRequest) -> MarkReply:
+async def mark(js: bus.JetStream, req: MarkRequest) -> MarkReply:
     """`sf.fence.mark`: placement found no room for the session at owner version `req.version`. Marked
     orphaned only while the log still shows that version, open: a session reassigned or closed since
     placement looked is summarized as the log shows it, so a late mark never hides a newer owner."""

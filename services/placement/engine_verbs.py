@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from nats.aio.client import Client as NATS
-
 from libs import bus, names
 from libs.errors import StatefleetError
 from libs.schemas.engine import HostStatus, SessionInfo, SessionRef, StatusRequest
@@ -14,7 +12,7 @@ STATUS_TIMEOUT_S = 2.0
 
 
 class EngineVerbs:
-    def __init__(self, *, nc: NATS) -> None:
+    def __init__(self, *, nc: bus.Client) -> None:
         self.nc = nc
 
     async def statuses(self, host_ids: list[str]) -> dict[str, list[SessionInfo]]:

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
-
 from libs import bus, names
 from libs.contracts import Contract
 from libs.errors import StatefleetError
@@ -23,7 +20,7 @@ from libs.schemas.fence import MarkReply, MarkRequest, MetaRequest, SessionMeta,
 
 
 class FenceClient:
-    def __init__(self, *, nc: NATS, js: JetStreamContext) -> None:
+    def __init__(self, *, nc: bus.Client, js: bus.JetStream) -> None:
         self.nc, self.js = nc, js
         self._specs: dict[str, tuple[Contract, str]] = {}  # session → (contract, backend): never changes
 

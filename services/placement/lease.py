@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 
-from nats.js.kv import KeyValue
-
 from libs import bus
 from libs.errors import Unavailable
 from libs.schemas.base import decode, encode
@@ -20,7 +18,7 @@ from libs.schemas.placement import Lease
 
 
 class KvLease:
-    def __init__(self, kv: KeyValue, key: str, holder: str, *, ttl_s: float, margin_s: float) -> None:
+    def __init__(self, kv: bus.KeyValue, key: str, holder: str, *, ttl_s: float, margin_s: float) -> None:
         self.kv, self.key, self.holder = kv, key, holder
         self.ttl_s, self.margin_s = ttl_s, margin_s
         self._valid_until = 0.0  # monotonic

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import structlog
-from nats.aio.client import Client as NATS
-from nats.js.kv import KeyValue
 
 from libs import bus
 from libs.errors import StatefleetError, Timeout, Unavailable
@@ -29,7 +27,7 @@ _log = structlog.get_logger("statefleet.placement.mirror")
 class KvMirror(Generic[M]):
     """`on_change(key, value)` runs for every update (value None for a delete) after `values` has it."""
 
-    def __init__(self, nc: NATS, kv: KeyValue, typ: type[M], *, silence_s: float,
+    def __init__(self, nc: bus.Client, kv: bus.KeyValue, typ: type[M], *, silence_s: float,
                  on_change: Callable[[str, M | None], None] | None = None) -> None:
         self.nc, self.kv, self.typ, self.silence_s = nc, kv, typ, silence_s
         self.on_change = on_change
@@ -67,7 +65,7 @@ class KvMirror(Generic[M]):
             finally:
                 await bus.quietly(watcher.stop())
 
-    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+    async def _follow(self, watcher: bus.KeyWatcher) -> None:
         quiet = 0.0
         while True:
             try:

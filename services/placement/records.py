@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from nats.js.kv import KeyValue
-
 from libs import bus, errors
 from libs.schemas.base import decode, encode
 from libs.schemas.placement import HostRecord
 
 
 class Records:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: bus.KeyValue) -> None:
         self._kv = kv
 
     async def read(self, host_id: str) -> tuple[HostRecord, int]:

@@ -9,8 +9,6 @@ receiver's reservation for it (`landed`).
 
 from __future__ import annotations
 
-from nats.aio.client import Client as NATS
-
 from libs import bus, names
 from libs.errors import StatefleetError
 from libs.schemas.motion import MoveReceipt, MoveRequest
@@ -20,7 +18,7 @@ REQUEST_SLACK_S = 10.0  # past the move's own deadline, for the mover's verify a
 
 
 class Relocation:
-    def __init__(self, *, nc: NATS, owners: Owners, reservations: Reserving, deadline_s: float) -> None:
+    def __init__(self, *, nc: bus.Client, owners: Owners, reservations: Reserving, deadline_s: float) -> None:
         self.nc, self.owners, self.reservations, self.deadline_s = nc, owners, reservations, deadline_s
 
     async def move(self, session_id: str, src: str, dst: str) -> str:

@@ -23,8 +23,6 @@ import asyncio
 import time
 from typing import Any
 
-from nats.js.kv import KeyValue
-
 from libs import bus, names
 from libs.contracts import Guard
 from libs.errors import StatefleetError
@@ -80,7 +78,7 @@ class PlacementService(Service):
         self._wake = asyncio.Event()  # a death or a new host: sweep now
         self._heard = asyncio.Event()  # a heartbeat moved a liveness deadline
 
-        async def bucket(name: str, ttl_s: float | None = None) -> KeyValue:
+        async def bucket(name: str, ttl_s: float | None = None) -> bus.KeyValue:
             return await bus.ensure_kv(self.js, name, replicas=cfg.nats_replicas, ttl_s=ttl_s)
 
         capacity_kv = await bucket(names.CAPACITY_BUCKET)
