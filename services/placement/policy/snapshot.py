@@ -13,14 +13,14 @@ from typing import Literal
 import msgspec
 
 from libs.contracts import Contract, Demand
-from libs.schemas.common import EngineEntry
+from libs.schemas.common import EngineEntry, ShedKind
 
 HostState = Literal["up", "draining", "drained", "dead"]
 SessionState = Literal["queued", "serving", "moving", "suspended"]
 # Why a suspended session was suspended, where that was to relieve a device measured past its limit
 # (`overload.py`): "overload" resumes when input asks for it, as an idle one does; "capacity_lost" (a C1
 # no device could keep) is re-queued: it resumes as soon as a device has room, input or not.
-Shed = Literal["", "overload", "capacity_lost"]
+Shed = ShedKind
 
 
 # Snapshot structs hold no reference cycles, so the garbage collector need not track them (gc=False):
