@@ -41,7 +41,7 @@ def decide(fleet: Fleet, params: Params, *, rebalancing: bool = True, scaling: b
     placer = Placer(plan)
     actions: list[Action] = []
     refusals: list[Refusal] = []
-    if offload:
+    if offload or relieving:  # relief's suspended sessions resume through the same step
         done, refused = resumes(plan, placer)
         actions += done
         refusals += refused
