@@ -80,3 +80,10 @@ def test_a_capacity_lost_session_shed_and_resumed_does_not_bounce():
     after = measured(fleet({"h0": [*rest, lost(gone, "h0")]}), h0=0.95 / 2)
     done, refused = resumes(after)
     assert not done and [r.session_id for r in refused] == [gone]
+
+
+def test_a_re_queued_session_no_device_has_room_for_asks_the_autoscaler_for_a_host():
+    f = measured(fleet({"h0": [sess("b", "h0"), lost("a", "h0")]}), h0=0.7)
+    d = decide(f, PARAMS, rebalancing=False, scaling=True, offload=True, relieving=True)
+    assert d.scaling is not None and d.scaling.queued == 1
+    assert [type(a).__name__ for a in d.actions] == ["ScaleOut"]
