@@ -33,11 +33,11 @@ from libs import bus, errors, names
 from libs.fence import session_log
 from libs.fence.ownership import read_owner
 from libs.schemas.base import decode
-from libs.schemas.common import SessionNotice
 from libs.schemas.fence import LogRecord
 from libs.telemetry import counter
 from libs.ws_auth import authenticate_first_message
 from libs.ws_limits import SocketGate
+from services.fence.notices import notice_text
 from services.fence.problems import problem_body
 from services.fence.sessions import Sessions
 
@@ -123,9 +123,8 @@ class Egress:
                 owners.seen(decode(msg.data, LogRecord).view)
 
         async def on_notice(msg) -> None:
-            with contextlib.suppress(errors.SchemaError):
-                notice = decode(msg.data, SessionNotice)
-                box.text(msgspec.json.encode({"notice": notice}).decode())
+            if (text := notice_text(msg.data)) is not None:
+                box.text(text)
 
         # Subscribed and flushed before the client is told it is connected (handshake, or the auth
         # answer): from then on it gets every chunk published, every owner change and every notice.
