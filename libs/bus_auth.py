@@ -120,11 +120,12 @@ def permissions(user: str) -> Permissions:
              *_js_admin(_kv(names.FENCE_META_BUCKET)), *_js_admin(_kv(names.SESSIONS_BUCKET)),
              names.SESSION_LOG_SUBJECTS, names.INPUT_SUBJECTS,
              f"$KV.{names.FENCE_META_BUCKET}.>", f"$KV.{names.SESSIONS_BUCKET}.>",
-             names.assigned_subject("*"), names.FENCE_CLOSED, names.FENCE_KICK],
-            # a viewer's socket follows its session's output and owner changes (egress.py)
+             names.assigned_subject("*"), names.FENCE_CLOSED, names.FENCE_KICK,
+             names.notice_subject("*")],  # a session's notices, as it marks the summary (summaries.py)
+            # a viewer's socket follows its session's output, owner changes and notices (egress.py)
             # and the gateway hears owners' applied cursors (releases are bounded by them: gateway.py)
             [names.service_subjects("fence"), names.output_subject("*"), names.SESSION_LOG_SUBJECTS,
-             names.APPLIED_SUBJECTS],
+             names.notice_subject("*"), names.APPLIED_SUBJECTS],
         ),
         "admission": (
             [*_js_admin(_kv(names.ADMISSION_BUCKET)), f"$KV.{names.ADMISSION_BUCKET}.>",

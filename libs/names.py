@@ -40,6 +40,12 @@ def output_subject(session_id: str) -> str:
     return f"sf.output.{session_id}"
 
 
+# `SessionNotice`s of one session for its client: shed from an overloaded device, capacity lost, resumed
+# (owner: fence, as it marks the sessions hint; egress forwards them to the session's viewers).
+def notice_subject(session_id: str) -> str:
+    return f"sf.notice.{session_id}"
+
+
 # Object Store bucket for small session checkpoints (owner: engine_host; large ones go to a filesystem path).
 CHECKPOINTS_BUCKET = "sf_checkpoints"
 
@@ -118,7 +124,7 @@ FENCE_META = "sf.fence.meta"  # MetaRequest → SessionMeta (caller: engine host
 FENCE_CHECKPOINT = "sf.fence.checkpoint"  # CheckpointRequest → SessionMeta (caller: the claimed owner)
 FENCE_CLOSE = "sf.fence.close"  # CloseRequest → CloseReply (caller: admission)
 FENCE_KICK = "sf.fence.kick"  # Kick → KickReply: release what waited for a claim (caller: the lease)
-FENCE_MARK = "sf.fence.mark"  # MarkRequest → MarkReply: orphan marks on the sessions hint (caller: placement)
+FENCE_MARK = "sf.fence.mark"  # MarkRequest → MarkReply: orphan, shed and resumed marks on the sessions hint (caller: placement)
 # Broadcast: a session id whose session closed, so every fence instance stops taking its input.
 FENCE_CLOSED = "sf.fence.closed"
 

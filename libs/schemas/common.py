@@ -7,6 +7,8 @@ from typing import Any, Literal, get_args
 from libs.schemas.base import Msg
 
 InputKind = Literal["text", "action", "audio", "json", "clear", "segment_end"]
+# Why overload relief suspended a session ("" where it did not): see `SessionSummary.shed`.
+ShedKind = Literal["", "overload", "capacity_lost"]
 INPUT_KINDS: tuple[str, ...] = get_args(InputKind)
 
 
@@ -129,6 +131,26 @@ class SessionSummary(Msg):
     # Why the session is in its state, where that is not plain serving: an orphaned (re-queued) session
     # names every host's reason for not taking it. Cleared by any summary update that gives none.
     reason: str = ""
+    # "overload" | "capacity_lost" while suspended to relieve a device measured past its limit (placement's
+    # overload relief; a `capacity_lost` C1 is re-queued: it resumes where a device has room). Cleared with `reason`.
+    shed: ShedKind = ""
+
+
+NoticeKind = Literal["overload", "capacity_lost", "resumed"]
+
+
+class SessionNotice(Msg):
+    """What happened to a session that its client must hear of, beyond its output (`sf.notice.<session_id>`,
+    published by fence as it marks the session's summary; egress forwards it to the session's viewers).
+
+    `overload`: suspended to relieve a device measured past its limit; it resumes where there is room when
+    input asks. `capacity_lost`: a C1 session no device could keep, suspended and re-queued instead of served
+    late; it resumes as soon as a device has room. `resumed`: back on a device after either."""
+
+    session_id: str
+    kind: NoticeKind
+    reason: str = ""  # for a person: which device, and why
+    at: float = 0.0  # wall clock, as fence published it
 
 
 class InputItem(Msg):

@@ -8,7 +8,7 @@ a reader the owner, the claim and the release cursor (one direct get, no replay)
 from __future__ import annotations
 
 from libs.schemas.base import Msg
-from libs.schemas.common import InputItem
+from libs.schemas.common import InputItem, ShedKind
 from libs.schemas.engine import RawImage
 
 
@@ -167,6 +167,11 @@ class MarkRequest(Msg):
     version: int = 0
     orphaned: str = ""
     shed: str = ""
+    # With `shed`: "overload" | "capacity_lost", kept in the summary (`SessionSummary.shed`) and told to the
+    # session's client (`SessionNotice`). Without it, `resumed` says a shed session is back on a device:
+    # the summary drops the mark and the client is told.
+    shed_kind: ShedKind = ""
+    resumed: bool = False
 
 
 class MarkReply(Msg):

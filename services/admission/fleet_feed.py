@@ -140,6 +140,10 @@ class FleetFeed:
                 (value.get("owner_server_id"), value.get("owner_version")) and value.get("owner_server_id"):
             self._event("owner", f"{key[:8]} owner {value['owner_server_id']} v{value.get('owner_version')}",
                         session_id=key)
+        shed = value.get("shed") or ""
+        if shed != (before.get("shed") or ""):  # overload relief suspended it (capacity_lost: re-queued), or it is back
+            self._event("shed", f"{key[:8]} {shed}: {value.get('reason', '')}" if shed else f"{key[:8]} resumed",
+                        session_id=key, shed=shed)
         self.sessions[key] = value
 
     def _record(self, key: str, value: dict | None) -> None:

@@ -102,6 +102,11 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     # C1 output at a playout point on the release grid (playout.py): an even period for the viewer, at
     # the price of the hold in control-to-output latency (at most a period). false: publish when done.
     c1_pacing: bool = True
+    # Device time a co-tenant outside statefleet is known to take on this device (another job sharing the
+    # GPU), announced as part of the measured load (`EngineEntry.measured_fraction`): placement's overload
+    # relief then sees it as it sees the stages' own time. The overload stack test stands a noisy neighbour
+    # in with it. Admission's prices do not include it.
+    co_tenant_fraction: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 def backend_tables(value: dict[str, dict[str, Any]] | str) -> dict[str, dict[str, Any]]:
@@ -253,7 +258,7 @@ class EngineHostService(Service):
                             sessions=len(rt.sessions), session_ids=rt.sessions.ids(),
                             profile=rt.refreshed_profile(self.profile),
                             busy_fraction=rt.busy_fraction(), served_fraction=rt.served_fraction(),
-                            measured_fraction=rt.measured_fraction(),
+                            measured_fraction=rt.measured_fraction() + self.config.co_tenant_fraction,
                             state_bytes_resident=rt.state_bytes_resident(), data_addr=self.data_addr,
                             backends=self.backend_infos, machine=self.motion.machine,
                             incarnation=self.incarnation, heartbeat_s=self.config.heartbeat_s,

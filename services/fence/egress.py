@@ -8,7 +8,10 @@ on `sf.output.<session_id>`; the client reassembles by (block, kind, part/parts)
 Text frames are JSON: `{"owner": {"server_id", "version", "claimed", "closed"}}` once
 on connect and whenever the session's log shows a new owner or claim, so a viewer
 sees a move or failover as it happens (blocks it already showed may then come again
-from the new owner: a viewer keeps the last block index it showed and skips repeats).
+from the new owner: a viewer keeps the last block index it showed and skips repeats),
+and `{"notice": {"session_id", "kind", "reason", "at"}}` (a `SessionNotice`, kept like
+an owner change) when placement suspends the session to relieve an overloaded device
+(`overload`, or `capacity_lost` for a C1 no device could keep) and when it resumes it.
 Output is a live stream: a viewer that falls `max_buffered` chunks behind loses the
 oldest chunks (counted), never an owner change, and never slows the engine or the
 other viewers.
@@ -33,6 +36,7 @@ from libs.schemas.fence import LogRecord
 from libs.telemetry import counter
 from libs.ws_auth import authenticate_first_message
 from libs.ws_limits import SocketGate
+from services.fence.notices import notice_text
 from services.fence.problems import problem_body
 from services.fence.sessions import Sessions
 
@@ -117,10 +121,15 @@ class Egress:
             with contextlib.suppress(errors.SchemaError):
                 owners.seen(decode(msg.data, LogRecord).view)
 
+        async def on_notice(msg) -> None:
+            if (text := notice_text(msg.data)) is not None:
+                box.text(text)
+
         # Subscribed and flushed before the client is told it is connected (handshake, or the auth
-        # answer): from then on it gets every chunk published and every owner change.
+        # answer): from then on it gets every chunk published, every owner change and every notice.
         subs = [await self.nc.subscribe(names.output_subject(session_id), cb=on_chunk),
-                await self.nc.subscribe(names.session_log_subject(session_id), cb=on_log)]
+                await self.nc.subscribe(names.session_log_subject(session_id), cb=on_log),
+                await self.nc.subscribe(names.notice_subject(session_id), cb=on_notice)]
         try:
             await self.nc.flush()
             if token is None:

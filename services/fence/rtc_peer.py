@@ -20,6 +20,8 @@ Data-channel messages from here (JSON text):
         of those cut whole (rtc_media.py); `levels` [[sample, level], ...] the audio frames sent since the
         last message: first sample (16 kHz, from the same origin as `pts`) and the RFC 6464 level in their
         packets, by which a viewer maps audio RTP timestamps to media time (rtc_media.audio_level)
+    {"notice": {"session_id", "kind", "reason", "at"}}       a `SessionNotice` (overload relief suspended
+        the session, `overload` or `capacity_lost`, or resumed it: notices.py), as the output WebSocket sends it
     {"ack": ...}                                             answers to input (rtc_input.py)
 """
 
@@ -41,6 +43,7 @@ from libs.schemas.base import decode
 from libs.schemas.fence import LogRecord
 from services.fence.egress import _OwnerChanges
 from services.fence.ingress import Ingress
+from services.fence.notices import notice_text
 from services.fence.rtc_blocks import BlockMedia
 from services.fence.rtc_feed import Feeds, SessionFeed
 from services.fence.rtc_input import ChannelInput
@@ -84,7 +87,8 @@ class Peer:
             pc.addTrack(BlockAudioTrack(self.playout))
         for t in pc.getTransceivers():
             t.direction = "sendonly"
-        self._subs = [await self.nc.subscribe(names.session_log_subject(self.session_id), cb=self._log)]
+        self._subs = [await self.nc.subscribe(names.session_log_subject(self.session_id), cb=self._log),
+                      await self.nc.subscribe(names.notice_subject(self.session_id), cb=self._notice)]
         self.feed = await self.feeds.join(self.session_id, self)  # subscribed (and flushed) before the answer
         await pc.setLocalDescription(await pc.createAnswer())
         self._spawn(self._deadline())
@@ -128,6 +132,10 @@ class Peer:
     async def _log(self, msg) -> None:
         with contextlib.suppress(errors.SchemaError):
             self._owners.seen(decode(msg.data, LogRecord).view)
+
+    async def _notice(self, msg) -> None:
+        if (text := notice_text(msg.data)) is not None:
+            self.text(text)
 
     def media(self, media: BlockMedia) -> None:
         # Played from the first block after the data channel opened: every frame sent has its block's

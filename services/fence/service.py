@@ -130,7 +130,7 @@ class FenceService(Service):
         return await ownership_log.append_claim(self.js, request)
 
     async def _mark(self, request: MarkRequest):
-        return await mark(self.js, request)
+        return await mark(self.nc, self.js, request)
 
     async def _on_closed(self, msg) -> None:
         session_id = msg.data.decode(errors="replace")

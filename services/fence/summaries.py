@@ -1,9 +1,10 @@
 """The `sf_sessions` hint (`SessionSummary`, what `statefleet status` shows), written by fence only.
 
 Fence writes a session's first summary as it registers it, a fresh one after each append it makes to
-the log, and placement's marks (orphaned, or suspended to relieve a device), which placement asks for with `sf.fence.mark`: so the hint
-has one writer, and `libs/bus_auth.py` lets only fence put into it. A summary is a display hint,
-never authority; failing to write one only costs freshness.
+the log, and placement's marks (orphaned, suspended to relieve a device, resumed after that), which
+placement asks for with `sf.fence.mark`: so the hint has one writer, and `libs/bus_auth.py` lets only
+fence put into it. A summary is a display hint, never authority; failing to write one only costs
+freshness. A shed or resumed mark is also told to the session's client as a `SessionNotice`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import structlog
 from libs import bus, errors, names
 from libs.fence import core, session_log
 from libs.schemas.base import decode, encode
-from libs.schemas.common import SessionSummary
+from libs.schemas.common import NoticeKind, SessionNotice, SessionSummary
 from libs.schemas.fence import MarkReply, MarkRequest, SessionView
 
 _log = structlog.get_logger("statefleet.fence.summaries")
@@ -42,7 +43,7 @@ async def update_summary(js: bus.JetStream, session_id: str, view: SessionView, 
         summary.owner_incarnation = view.incarnation
         summary.state = "closed" if view.closed else ("serving" if summary.claimed else
                                                        "assigned" if owner else "pending")
-        summary.reason = ""  # a state's reason is the writer's to give with it
+        summary.reason = summary.shed = ""  # a state's reason is the writer's to give with it
         for key, value in fields.items():
             setattr(summary, key, value)
         summary.updated_at = time.time()
@@ -62,17 +63,29 @@ async def _read(kv: bus.KeyValue, session_id: str) -> SessionSummary:
         return SessionSummary(session_id=session_id)
 
 
-async def mark(js: bus.JetStream, req: MarkRequest) -> MarkReply:
-    """`sf.fence.mark`: placement found no room for the session at owner version `req.version`. Marked
-    orphaned only while the log still shows that version, open: a session reassigned or closed since
-    placement looked is summarized as the log shows it, so a late mark never hides a newer owner."""
+async def mark(nc: bus.Client, js: bus.JetStream, req: MarkRequest) -> MarkReply:
+    """`sf.fence.mark`: placement's word on the session at owner version `req.version`: no room for it
+    (orphaned), suspended to relieve its device (shed), or back on a device after that (resumed). Marked
+    only while the log still shows that version, open: a session reassigned or closed since placement
+    looked is summarized as the log shows it, so a late mark never hides a newer owner. A shed or resumed
+    mark that holds is told to the session's client (`SessionNotice` on `sf.notice.<sid>`)."""
     view = (await session_log.read_tail(js, session_log.check_session_id(req.session_id))).view
     version = view.owner.version if view.owner else 0
     current = version == req.version and not view.closed
+    notice: NoticeKind | None = None
     if current and req.orphaned:
         state = await update_summary(js, req.session_id, view, state="orphaned", reason=req.orphaned)
     elif current and req.shed:
-        state = await update_summary(js, req.session_id, view, state="suspended", reason=req.shed)
+        state = await update_summary(js, req.session_id, view, state="suspended", reason=req.shed,
+                                     shed=req.shed_kind)
+        notice = req.shed_kind or None
     else:
         state = await update_summary(js, req.session_id, view)
+        notice = "resumed" if current and req.resumed else None
+    if notice is not None:
+        try:  # a live event: viewers connected now hear it; the summary keeps the mark for everyone else
+            await bus.publish(nc, names.notice_subject(req.session_id), encode(SessionNotice(
+                session_id=req.session_id, kind=notice, reason=req.shed, at=time.time())))
+        except errors.StatefleetError as e:
+            _log.warning("session_notice_failed", session_id=req.session_id, kind=notice, code=e.code)
     return MarkReply(session_id=req.session_id, state=state)

@@ -24,9 +24,9 @@ class FleetControlConfig(BaseConfig, kw_only=True):
     lease_ttl_s: PositiveFloat = 6.0
     rebalance: bool = True  # the rebalancing policy runs (its knobs are in `Knobs`)
     # Shed load from a device measured past its limit (`policy/overload.py`: move, suspend C3/C2, then a
-    # C1 as `capacity_lost`). Off by default until resumes also read measured load: otherwise a shed C1
-    # whose input keeps coming resumes onto the same device at the next round (docs/decisions.md, issue 23).
-    relieve_overload: bool = False
+    # C1 as `capacity_lost`, re-queued until a device has room); resumes read the measured load too, so a
+    # shed session does not go back to a device still past its limit (docs/decisions.md, issue 23).
+    relieve_overload: bool = True
     path_bps: PositiveFloat = 1e9  # data-plane rate assumed between two hosts (bytes/s) before one is measured
     # Autoscaling (only with a provisioner): keep utilisation near target, act outside [scale_in_below, scale_out_above].
     provisioner: Literal["", "local"] = ""

@@ -136,7 +136,7 @@ class FleetController:
             owners=owners, specs=specs, busy=dict(self.busy), path_bps=cfg.path_bps, path_pairs=self.paths.pairs(),
             settle_s=self.settle_s, provisioning=self._provisioning(entries, now),
             arrivals_per_s=self.arrivals.rate(summaries, now, cfg.arrival_window_s),
-            admissions=view.queued(),
+            admissions=view.queued(), shed={sid: s.shed for sid, s in summaries.items() if s.shed},
             last_scale_out_at=self.last_scale_out_at, last_scale_in_at=self.last_scale_in_at), self.activity)
         self.activity.forget_except({s.session_id for s in fleet.sessions} | set(self.busy))
         params = cfg.params(self.guard)
@@ -284,9 +284,10 @@ class FleetController:
         _actions.add(1, {"kind": "suspend", "outcome": "ok"})
         self.log.info("fleet_suspended", session_id=a.session_id, host_id=a.host_id, reason=a.reason)
         if a.reason:  # shed from a device past its limit: said out loud, in the summary `statefleet status` shows
-            owner = (await self.owners.view(a.session_id)).owner
-            await self.owners.mark(a.session_id, owner.version if owner else 0,
-                                   shed=f"{a.reason}: {a.host_id}'s device measured past its limit")
+            owner = (await self.owners.view(a.session_id)).owner  # and to its client, by fence (a notice)
+            waits = "re-queued until a device has room" if a.reason == "capacity_lost" else "resumes on input where there is room"
+            await self.owners.mark(a.session_id, owner.version if owner else 0, shed_kind=a.reason,
+                                   shed=f"{a.reason}: {a.host_id}'s device measured past its limit; {waits}")
 
     async def _resume(self, a: Resume, src: str) -> None:
         """Back on its own host; on another one (its own is full) by resuming in place and moving at once."""
@@ -298,6 +299,10 @@ class FleetController:
         await self.engines.resume(src, a.session_id)
         _actions.add(1, {"kind": "resume", "outcome": "ok"})
         self.log.info("fleet_resumed", session_id=a.session_id, host_id=src, to=a.host_id)
+        summary = self.view.summaries().get(a.session_id)
+        if summary is not None and summary.shed:  # its mark goes, and its client hears it is back
+            owner = (await self.owners.view(a.session_id)).owner
+            await self.owners.mark(a.session_id, owner.version if owner else 0, resumed=True)
         if a.host_id != src:
             await self._move(Move(session_id=a.session_id, src=src, dst=a.host_id, busy_fraction=a.busy_fraction,
                                   state_bytes=a.state_bytes, gain_ms=0.0, t_migrate_s=0.0, stall_ms=0.0))

@@ -16,6 +16,7 @@ from libs.errors import StatefleetError
 from libs.fence.block_journal import recorded_threads
 from libs.fence.ownership import assign, read_owner
 from libs.schemas.base import decode
+from libs.schemas.common import ShedKind
 from libs.schemas.fence import MarkReply, MarkRequest, MetaRequest, SessionMeta, SessionView
 
 
@@ -36,12 +37,15 @@ class FenceClient:
         """Fence assigns `host_id` at the next version; `Conflict` if the session moved on from `expect_version`."""
         await assign(self.nc, session_id, host_id, expect_version=expect_version, incarnation=incarnation)
 
-    async def mark(self, session_id: str, version: int, orphaned: str = "", *, shed: str = "") -> None:
+    async def mark(self, session_id: str, version: int, orphaned: str = "", *, shed: str = "", shed_kind: ShedKind = "",
+                   resumed: bool = False) -> None:
         """Ask fence (the `sf_sessions` hint's one writer) to mark the session at owner version `version`:
-        orphaned, saying why no host takes it, or suspended, saying why it was shed from its device;
-        neither clears the mark (the summary says what the log says)."""
-        await bus.request(self.nc, names.FENCE_MARK, MarkRequest(session_id=session_id, version=version,
-                                                                 orphaned=orphaned, shed=shed), MarkReply)
+        orphaned, saying why no host takes it, or suspended, saying why it was shed from its device (its
+        `shed_kind`: overload | capacity_lost); neither clears the mark (the summary says what the log says),
+        `resumed` does: a shed session is back on a device. Fence tells the client of a shed or a resume."""
+        await bus.request(self.nc, names.FENCE_MARK, MarkRequest(
+            session_id=session_id, version=version, orphaned=orphaned, shed=shed,
+            shed_kind=shed_kind, resumed=resumed), MarkReply)
 
     def remember(self, session_id: str, contract: Contract, backend: str) -> None:
         self._specs[session_id] = (contract, backend)

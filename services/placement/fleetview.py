@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from libs.contracts import Contract, floor_row
 from libs.schemas.admission import SessionRecord
-from libs.schemas.common import EngineEntry
+from libs.schemas.common import EngineEntry, ShedKind
 from libs.schemas.engine import SessionInfo
 from libs.schemas.placement import HostRecord
 from services.placement import capacity
@@ -101,6 +101,7 @@ class Inputs:
     last_scale_in_at: float = float("-inf")
     path_pairs: Mapping[str, float] = field(default_factory=dict)  # "src>dst" → measured bytes/s
     admissions: Sequence[SessionRecord] = ()  # admission's records: its queue is sessions no host fits yet
+    shed: Mapping[str, ShedKind] = field(default_factory=dict)  # session → why overload relief suspended it (the hint's mark)
 
 
 def snapshot(x: Inputs, activity: Activity) -> Fleet:
@@ -142,7 +143,8 @@ def _session(info: SessionInfo, seen: Seen, spec: tuple[Contract, str], entry: E
     return Session(session_id=info.session_id, backend=backend, contract=contract, state=state,
                    host_id=entry.host_id, state_bytes=info.state_bytes,
                    dirty_rate_bps=dirty_rate_bps(contract, backend, entry), last_input_at=seen.last_input_at,
-                   suspended_at=seen.suspended_at, moves=tuple(seen.moves), threads=info.threads)
+                   suspended_at=seen.suspended_at, moves=tuple(seen.moves), threads=info.threads,
+                   shed=x.shed.get(info.session_id, "") if state == "suspended" else "")
 
 
 def _queued(r: SessionRecord, now: float) -> Session:

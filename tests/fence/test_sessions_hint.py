@@ -66,3 +66,39 @@ async def test_an_orphan_mark_lands_only_at_the_version_placement_saw(nc, fence)
 
     await bus.request(nc, names.FENCE_CLOSE, CloseRequest(session_id="h3"), CloseReply)
     assert await mark(nc, "h3", second.version, "waiting for room (no live host)") == "closed"
+
+
+async def test_a_shed_mark_keeps_its_kind_in_the_summary_and_tells_the_client_and_a_resumed_mark_clears_it(nc, fence):
+    """Overload relief's marks (issue 23): the summary says the session is suspended as `capacity_lost` and why,
+    the session's client hears it as a typed `SessionNotice`, and the resume clears the mark and is told too."""
+    import asyncio
+
+    from libs.schemas.common import SessionNotice
+
+    heard: asyncio.Queue[SessionNotice] = asyncio.Queue()
+
+    async def on_notice(msg) -> None:
+        await heard.put(decode(msg.data, SessionNotice))
+
+    await nc.subscribe(names.notice_subject("h4"), cb=on_notice)
+    await nc.flush()
+    await bus.request(nc, names.FENCE_REGISTER, RegisterRequest(session_id="h4", backend="toy", seed=1),
+                      RegisterReply)
+    first = await ownership.assign(nc, "h4", "e0")
+    why = "capacity_lost: e0's device measured past its limit; re-queued until a device has room"
+    reply = await bus.request(nc, names.FENCE_MARK, MarkRequest(session_id="h4", version=first.version, shed=why,
+                                                                shed_kind="capacity_lost"), MarkReply)
+    assert reply.state == "suspended"
+    s = await summary(nc, "h4")
+    assert (s.state, s.shed, s.reason) == ("suspended", "capacity_lost", why)
+    notice = await asyncio.wait_for(heard.get(), 10)
+    assert (notice.session_id, notice.kind, notice.reason) == ("h4", "capacity_lost", why)
+
+    late = await bus.request(nc, names.FENCE_MARK, MarkRequest(session_id="h4", version=first.version + 1,
+                                                               resumed=True), MarkReply)
+    assert late.state == "assigned" and heard.empty()  # not the version the log shows: nothing told
+    await bus.request(nc, names.FENCE_MARK, MarkRequest(session_id="h4", version=first.version, resumed=True),
+                      MarkReply)
+    s = await summary(nc, "h4")
+    assert (s.state, s.shed, s.reason) == ("assigned", "", "")
+    assert (await asyncio.wait_for(heard.get(), 10)).kind == "resumed"

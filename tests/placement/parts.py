@@ -10,7 +10,7 @@ import structlog
 from libs.contracts import Contract, Guard, estimate
 from libs.errors import Conflict, NotFound, Rejected
 from libs.schemas.admission import SessionRecord
-from libs.schemas.common import EngineEntry, SessionSummary
+from libs.schemas.common import EngineEntry, SessionSummary, ShedKind
 from libs.schemas.engine import SessionInfo
 from libs.schemas.fence import Owner, SessionView
 from libs.schemas.placement import DrainReport, HostRecord, HostRequest, HostState, Reserved
@@ -106,12 +106,16 @@ class Owners:
     async def threads(self, session_id: str) -> int:
         return self.thread_counts.get(session_id, 0)
 
-    async def mark(self, session_id: str, version: int, orphaned: str = "", *, shed: str = "") -> None:
+    async def mark(self, session_id: str, version: int, orphaned: str = "", *, shed: str = "", shed_kind: ShedKind = "",
+                   resumed: bool = False) -> None:
         """Fence's marks, as asked for; a shed one also as the hint then shows it."""
-        self.marks.append((session_id, version, orphaned or shed))
+        self.marks.append((session_id, version, orphaned or shed or ("resumed" if resumed else "")))
+        old = self.fleet.summary.get(session_id) or SessionSummary(session_id=session_id)
         if shed:
-            old = self.fleet.summary.get(session_id) or SessionSummary(session_id=session_id)
-            self.fleet.summary[session_id] = msgspec.structs.replace(old, state="suspended", reason=shed)
+            self.fleet.summary[session_id] = msgspec.structs.replace(old, state="suspended", reason=shed,
+                                                                     shed=shed_kind)
+        elif resumed:
+            self.fleet.summary[session_id] = msgspec.structs.replace(old, state="serving", reason="", shed="")
 
 
 class Reservations:
@@ -169,7 +173,7 @@ class Relocation_(Relocation):
     """The real settling over the fakes; the mover's part is `commits`: which sessions a live move takes."""
 
     def __init__(self, owners: Owners, reservations: Reservations) -> None:
-        super().__init__(nc=None, owners=owners, reservations=reservations, deadline_s=1.0)  # type: ignore[arg-type]
+        super().__init__(nc=None, owners=owners, reservations=reservations, deadline_s=1.0)
         self.fake_owners = owners
         self.commits: set[str] = set()
         self.asked: list[tuple[str, str, str]] = []
@@ -222,7 +226,7 @@ class Parts:
     """Every fake, wired the way `PlacementService.setup` wires the real parts."""
 
     def __init__(self, entries: list[EngineEntry], **config: object) -> None:
-        self.config = PlacementConfig(**config)  # type: ignore[arg-type]
+        self.config = PlacementConfig(**config)
         self.view = View(entries)
         self.owners = Owners(self.view)
         self.reservations = Reservations(self.view, self.owners)

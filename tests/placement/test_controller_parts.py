@@ -115,3 +115,34 @@ async def test_a_c1_session_no_device_can_keep_is_suspended_as_capacity_lost_and
     assert parts.engines.suspended == [("h0", "a")]
     summary = parts.view.summary["a"]
     assert summary.state == "suspended" and summary.reason.startswith("capacity_lost"), summary
+
+
+async def test_a_capacity_lost_session_waits_while_its_device_is_measured_over_and_resumes_once_it_has_room():
+    """Re-queued, not bouncing: the shed C1 session stays suspended while its device still measures past its
+    limit (its input keeps coming), and resumes, input or not, once the device has room; the resume drops the
+    summary's mark (fence then tells the client it is back)."""
+    import msgspec
+
+    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=0.95)
+    parts = Parts([over], relieve_overload=True, rebalance=False)
+    parts.owners.own("a", "h0")
+    parts.engines.sessions = {"h0": [running("a", 1)]}
+    fleet = parts.controller()
+    await fleet.round()
+    await asyncio.gather(*list(fleet._tasks))
+    assert parts.view.summary["a"].shed == "capacity_lost"
+    # the next heartbeat: the session suspended (no price), the device still measured past the limit
+    parts.view.entries["h0"] = msgspec.structs.replace(over, busy_fraction=0.0, sessions=0, measured_fraction=0.93)
+    parts.engines.sessions = {"h0": [msgspec.structs.replace(running("a", 2), state="suspended")]}
+    decision = await fleet.round()
+    assert not [a for a in decision.actions if type(a).__name__ == "Resume"]
+    assert [(r.session_id, r.reason) for r in decision.refusals if r.kind == "resume"] == [("a", "measured_over_limit")]
+    # the neighbour is gone: the device has room, and the re-queued session resumes without new input
+    parts.view.entries["h0"] = msgspec.structs.replace(over, busy_fraction=0.0, sessions=0, measured_fraction=0.05)
+    decision = await fleet.round()
+    assert [(type(a).__name__, a.session_id, a.host_id) for a in decision.actions] == [("Resume", "a", "h0")]
+    await asyncio.gather(*list(fleet._tasks))
+    assert parts.engines.resumed == [("h0", "a")]
+    assert ("a", 1, "resumed") in [(s, v, m) for s, v, m in parts.owners.marks]
+    summary = parts.view.summary["a"]
+    assert summary.state == "serving" and not summary.shed and not summary.reason, summary

@@ -71,6 +71,18 @@ function bar(fraction) {
 function pill(text, cls) { return sf.el("span", text, `pill ${cls}`); }
 
 const STATE_CLASS = { up: "ok", draining: "warn", dead: "bad" };
+// Why a session is not plainly serving: overload relief's shed (capacity_lost: a C1 no device could keep,
+// re-queued until one has room) as a pill, then the summary's reason in words.
+const SHED_CLASS = { capacity_lost: "bad", overload: "warn" };
+
+function why(s) {
+  if (!s.shed && !s.reason) return "–";
+  const text = sf.el("span", s.reason || "");
+  if (!s.shed) return text;
+  const cell = sf.el("span");
+  cell.append(pill(s.shed, SHED_CLASS[s.shed] || "dim"), " ", text);
+  return cell;
+}
 
 function render(snap) {
   dash.snapshot = snap;
@@ -83,7 +95,7 @@ function render(snap) {
   ])));
   $("sessions").replaceChildren(...snap.sessions.map((s) => row([
     sf.el("span", s.session_id, "mono"), s.backend, s.session_class, s.state, s.owner_server_id,
-    s.owner_version ? `v${s.owner_version}` : "–", moveControl(s, live),
+    s.owner_version ? `v${s.owner_version}` : "–", why(s), moveControl(s, live),
   ])));
   $("inflight").replaceChildren(...snap.moves_in_flight.map((m) => row([
     sf.el("span", (m.session_id || "").slice(0, 12), "mono"), `${m.source} → ${m.dest}`, sf.clock(m.at),

@@ -29,6 +29,7 @@ sfRtc.connect = async function (created, video, on, timeoutMs = 15000) {
     const msg = JSON.parse(ev.data);
     if (msg.block) { conn.timing.block(msg.block); on.block(msg.block); }
     else if (msg.owner) on.owner(msg.owner);
+    else if (msg.notice) { if (on.notice) on.notice(msg.notice); }  // a caller may not follow notices
     else if (msg.ack) on.ack(msg.ack);
   };
   const end = (reason) => {

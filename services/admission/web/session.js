@@ -209,6 +209,7 @@ function connectOutput() {
     const msg = JSON.parse(ev.data);
     if (msg.authenticated) { ws.ready = true; page.outputAttempt = 0; showConnection(); }
     else if (msg.owner) onOwner(msg.owner);
+    else if (msg.notice) onNotice(msg.notice);
     else if (msg.error) refused(msg.error);
   };
   ws.onclose = (ev) => {
@@ -243,6 +244,16 @@ function onOwner(owner) {
   $("owner").textContent = text;
   const row = sf.el("li");
   row.append(sf.el("span", new Date().toLocaleTimeString(), "t"), sf.el("span", text, changed ? "" : "dim"));
+  $("owners").prepend(row);
+}
+
+// Overload relief acted on the session (a `SessionNotice`, docs/api.md): said in the owner log, where a
+// move or a failover is, so a viewer whose output paused sees why (capacity_lost: re-queued for room).
+function onNotice(notice) {
+  const row = sf.el("li");
+  const text = notice.kind === "resumed" ? "resumed" : notice.reason || notice.kind;
+  row.append(sf.el("span", new Date().toLocaleTimeString(), "t"),
+             sf.el("span", text, notice.kind === "resumed" ? "" : "bad"));
   $("owners").prepend(row);
 }
 

@@ -8,7 +8,7 @@ async function connectRtc(created) {
   const video = $("video");
   try {
     const conn = await sfRtc.connect(created, video, {
-      block: onRtcBlock, owner: onOwner, ack: (ack) => answered(page.pending.get(ack.id), ack),
+      block: onRtcBlock, owner: onOwner, notice: onNotice, ack: (ack) => answered(page.pending.get(ack.id), ack),
       closed: (reason) => { if (page.rtc === conn) fallBack(`WebRTC lost: ${reason}`); },
     });
     if (page.session !== created) return conn.close();

@@ -20,7 +20,7 @@ from services.placement.policy.actions import (
 )
 from services.placement.policy.decide import decide, react
 from services.placement.policy.params import Params
-from services.placement.policy.snapshot import Fleet, Host, HostState, PathRates, Session, SessionState
+from services.placement.policy.snapshot import Fleet, Host, HostState, PathRates, Session, SessionState, Shed
 
 __all__ = ["Action", "Decision", "Drain", "Fleet", "Host", "HostState", "Move", "Params", "PathRates", "Place",
-           "Refusal", "Resume", "ScaleOut", "Session", "SessionState", "StopHost", "Suspend", "decide", "react"]
+           "Refusal", "Resume", "ScaleOut", "Session", "SessionState", "Shed", "StopHost", "Suspend", "decide", "react"]

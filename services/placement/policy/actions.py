@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from libs.schemas.common import ShedKind
+
 
 class Place(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     session_id: str
@@ -42,7 +44,7 @@ class Suspend(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     host_id: str
     # "" (idle offload) | "overload" (a C2-C5 session shed from a device measured past its limit) |
     # "capacity_lost" (a C1 session no device can keep: suspended and waiting for room, said out loud)
-    reason: str = ""
+    reason: ShedKind = ""
 
 
 class Resume(msgspec.Struct, frozen=True, kw_only=True, tag=True):

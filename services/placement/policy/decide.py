@@ -41,11 +41,14 @@ def decide(fleet: Fleet, params: Params, *, rebalancing: bool = True, scaling: b
     placer = Placer(plan)
     actions: list[Action] = []
     refusals: list[Refusal] = []
-    if offload:
+    still_queued = []
+    if offload or relieving:  # relief's suspended sessions resume through the same step
         done, refused = resumes(plan, placer)
         actions += done
         refusals += refused
-    still_queued = []
+        # A re-queued `capacity_lost` session no device has room for yet is queued demand to the autoscaler.
+        waiting = {r.session_id for r in refused}
+        still_queued += [s for s in plan.suspended if s.shed == "capacity_lost" and s.session_id in waiting]
     for s in plan.queued:
         r = place(placer, s)
         if isinstance(r, Place):

@@ -3,28 +3,37 @@
 A serving session with no input for `keep_warm_s` is suspended: its state leaves the device
 for its host's memory, freeing device capacity. A suspended session that has had input since
 it was suspended resumes on its old host when that host has room, else wherever placement
-would put it (the pre-warmed pool is part of that). The frontend sees a resume delay.
+would put it (the pre-warmed pool is part of that). The frontend sees a resume delay. A C1
+session overload relief shed as `capacity_lost` is re-queued: it resumes as soon as a device
+has room, input or not, and before the others. Every resume needs room on the device's
+measured load too (`overload.MeasuredRoom`), not only in its prices.
 """
 
 from __future__ import annotations
 
 from services.placement.policy import latency
 from services.placement.policy.actions import Refusal, Resume, Suspend
+from services.placement.policy.overload import MeasuredRoom
 from services.placement.policy.placement import Placer, resume
 from services.placement.policy.plan import Plan
 from services.placement.policy.snapshot import Session
 
 
 def wants_resume(plan: Plan) -> list[Session]:
-    return [s for s in plan.suspended if s.last_input_at > s.suspended_at]
+    return [s for s in plan.suspended if s.shed == "capacity_lost" or s.last_input_at > s.suspended_at]
 
 
 def resumes(plan: Plan, placer: Placer) -> tuple[list[Resume], list[Refusal]]:
     done: list[Resume] = []
     refused: list[Refusal] = []
-    for s in sorted(wants_resume(plan), key=lambda x: (x.last_input_at, x.session_id)):
-        r = resume(placer, s)
-        (done if isinstance(r, Resume) else refused).append(r)
+    room = MeasuredRoom(plan)
+    for s in sorted(wants_resume(plan), key=lambda x: (x.shed != "capacity_lost", x.last_input_at, x.session_id)):
+        r = resume(placer, s, among=lambda hl, s=s: room.admits(s, hl))
+        if isinstance(r, Resume):
+            room.add(s, plan.loads[r.host_id])
+            done.append(r)
+        else:
+            refused.append(r)
     return done, refused
 
 

@@ -14,6 +14,11 @@ the model's prices) and shed session by session until the rest fits, in the issu
 
 A session's part of the measured load is its priced share scaled by the device's measured over priced
 load: the device tells only its total.
+
+Resumes read the same measured load (`MeasuredRoom`): a suspended session resumes only onto a device
+whose measured load, plus its share scaled the same way (never below its price), stays within the
+limit. A session shed from a device then does not go back while that device is still past its limit
+(it would be shed again at the next round); a `capacity_lost` C1 waits, re-queued, for a device with room.
 """
 
 from __future__ import annotations
@@ -28,24 +33,51 @@ from services.placement.policy.snapshot import Session
 SHED_ORDER = {"C5": 0, "C4": 1, "C3": 2, "C2b": 3, "C2a": 4, "C1": 5}
 
 
-def measured_over(plan: Plan) -> dict[str, float]:
-    """Each device measured past the limit (`1 - guard`), with the load above it."""
-    measured: dict[str, float] = {}
-    for hl in plan.loads.values():
+class MeasuredRoom:
+    """Each device's measured and priced load, and what this decision's resumes added to it."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.limit = 1.0 - plan.params.guard.busy_fraction
+        self.measured: dict[str, float] = {}
+        self.priced: dict[str, float] = {}
+        for hl in plan.loads.values():
+            key = device_key(hl.host.entry)
+            self.measured[key] = self.measured.get(key, 0.0) + hl.host.entry.measured_fraction
+            self.priced[key] = self.priced.get(key, 0.0) + hl.host.entry.busy_fraction
+
+    def over(self) -> dict[str, float]:
+        """Each device measured past the limit (`1 - guard`), with the load above it."""
+        return {d: m - self.limit for d, m in self.measured.items() if m > self.limit}
+
+    def cost(self, s: Session, hl: HostLoad) -> float:
+        """`s`'s part of `hl`'s device's measured load, were it there: its priced share at the device's
+        measured over priced load, and never less than the price (a device whose sessions barely ran yet
+        measures little)."""
         key = device_key(hl.host.entry)
-        measured[key] = measured.get(key, 0.0) + hl.host.entry.measured_fraction
-    limit = 1.0 - plan.params.guard.busy_fraction
-    return {d: m - limit for d, m in measured.items() if m > limit}
+        t = self.plan.term(s, hl)
+        priced = self.priced.get(key, 0.0)
+        scale = max(1.0, self.measured.get(key, 0.0) / priced) if priced > 0 else 1.0
+        return (t.share if t is not None else 0.0) * scale
+
+    def admits(self, s: Session, hl: HostLoad) -> bool:
+        key = device_key(hl.host.entry)
+        return self.measured.get(key, 0.0) + self.cost(s, hl) <= self.limit + 1e-9
+
+    def add(self, s: Session, hl: HostLoad) -> None:
+        key = device_key(hl.host.entry)
+        self.measured[key] = self.measured.get(key, 0.0) + self.cost(s, hl)
 
 
 def relieve(plan: Plan) -> tuple[list[Move | Suspend], list[Refusal]]:
     actions: list[Move | Suspend] = []
     refusals: list[Refusal] = []
-    over = measured_over(plan)
+    room = MeasuredRoom(plan)
+    over = room.over()
     for device in sorted(over):
         on = [hl for hl in plan.loads.values() if device_key(hl.host.entry) == device]
-        priced = sum(hl.host.entry.busy_fraction for hl in on)
-        scale = sum(hl.host.entry.measured_fraction for hl in on) / priced if priced > 0 else 1.0
+        priced = room.priced[device]
+        scale = room.measured[device] / priced if priced > 0 else 1.0
         elsewhere = sorted((hl for hl in plan.open_loads() if device_key(hl.host.entry) not in over),
                            key=lambda h: (h.busy, h.host_id))
         excess = over[device]

@@ -56,18 +56,20 @@ class Placer:
         self.order = sorted(plan.open_loads(), key=self._key)
         self.profiles = list({id(hl.host.entry.profile): hl for hl in self.order}.values())  # one host per profile
 
-    def choose(self, s: Session, prefer: str = "") -> tuple[HostLoad, Estimate] | str:
-        """(host, estimate) for `s`, or the refusal reason. `prefer` is tried first (a resume's old host).
+    def choose(self, s: Session, prefer: str = "", among: Among = None) -> tuple[HostLoad, Estimate] | str:
+        """(host, estimate) for `s`, or the refusal reason. `prefer` is tried first (a resume's old host);
+        only hosts `among` accepts are looked at (None: every open one).
 
         A session pinned to a thread count (`Session.threads`) is placed among the hosts running at that
         count first, as if they were the whole fleet, and among all hosts only if none of them takes it:
         a replay at another count gives other low bits, but a session served is better than one refused.
         """
         if s.threads:
-            got = self._choose(s, prefer, lambda hl: hl.host.entry.threads == s.threads)
+            got = self._choose(s, prefer, lambda hl: hl.host.entry.threads == s.threads
+                               and (among is None or among(hl)))
             if not isinstance(got, str):
                 return got
-        return self._choose(s, prefer, None)
+        return self._choose(s, prefer, among)
 
     def _choose(self, s: Session, prefer: str, among: Among) -> tuple[HostLoad, Estimate] | str:
         """Hosts are ranked: within the latency target with an admissible way out, within the target,
@@ -203,10 +205,13 @@ def place(placer: Placer, s: Session) -> Place | Refusal:
                  state_bytes=est.state_bytes)
 
 
-def resume(placer: Placer, s: Session) -> Resume | Refusal:
-    """Back onto its old host when that has room, else wherever placement would put it."""
-    got = placer.choose(s, prefer=s.host_id)
+def resume(placer: Placer, s: Session, among: Among = None) -> Resume | Refusal:
+    """Back onto its old host when that has room, else wherever placement would put it, among the hosts
+    `among` accepts (`offload.resumes`: those whose device's measured load has room for it)."""
+    got = placer.choose(s, prefer=s.host_id, among=among)
     if isinstance(got, str):
+        if among is not None and not isinstance(placer.choose(s, prefer=s.host_id), str):
+            got = "measured_over_limit"  # a host's prices have room, but no device its measured load
         return Refusal(kind="resume", session_id=s.session_id, reason=got, host_id=s.host_id)
     hl, est = got
     placer.commit(s, hl, est)

@@ -13,10 +13,14 @@ from typing import Literal
 import msgspec
 
 from libs.contracts import Contract, Demand
-from libs.schemas.common import EngineEntry
+from libs.schemas.common import EngineEntry, ShedKind
 
 HostState = Literal["up", "draining", "drained", "dead"]
 SessionState = Literal["queued", "serving", "moving", "suspended"]
+# Why a suspended session was suspended, where that was to relieve a device measured past its limit
+# (`overload.py`): "overload" resumes when input asks for it, as an idle one does; "capacity_lost" (a C1
+# no device could keep) is re-queued: it resumes as soon as a device has room, input or not.
+Shed = ShedKind
 
 
 # Snapshot structs hold no reference cycles, so the garbage collector need not track them (gc=False):
@@ -52,6 +56,7 @@ class Session(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # The torch intra-op threads a T0/T1 session's blocks run at (`OpenSession.threads`): its bytes replay
     # the same only at that count, so placement prefers hosts announcing it (`EngineEntry.threads`). 0: any.
     threads: int = 0
+    shed: Shed = ""  # meaningful while suspended
 
 
 class PathRates(msgspec.Struct, frozen=True, kw_only=True):
