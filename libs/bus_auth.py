@@ -149,8 +149,8 @@ def permissions(user: str) -> Permissions:
              # which failover and drain prefer a host at (`recorded_threads`)
              *_js_read(names.BLOCK_STREAM),
              names.FENCE_ASSIGN, names.FENCE_META, names.FENCE_MARK, names.MOVER_MOVE,
-             # the fleet controller: its lease, and the engine verbs it reads load from and offloads with
-             *_js_admin(_kv(names.PLACEMENT_LEASE_BUCKET)), f"$KV.{names.PLACEMENT_LEASE_BUCKET}.>",
+             # the fleet controller: its tenure, and the engine verbs it reads load from and offloads with
+             *_js_admin(_kv(names.PLACEMENT_TENURE_BUCKET)), f"$KV.{names.PLACEMENT_TENURE_BUCKET}.>",
              *(names.engine_subject("*", verb) for verb in ("status", "suspend", "resume"))],
             [names.service_subjects("placement"), names.MOVE_RECEIPT_SUBJECTS],  # receipts: measured path rates
         ),

@@ -190,9 +190,11 @@ CAPACITY_BUCKET = "sf_capacity"
 PLACEMENT_HOSTS = "sf.placement.hosts"
 PLACEMENT_DRAIN = "sf.placement.drain"
 PLACEMENT_UNDRAIN = "sf.placement.undrain"
-# KV: leases held by compare-and-set (owner: placement). Key "fleet": the one placement instance
-# that rebalances, autoscales and suspends idle sessions (issue 12).
-PLACEMENT_LEASE_BUCKET = "sf_placement_lease"
+# KV: tenures held by compare-and-set (owner: placement). Key "fleet": the one placement instance
+# that rebalances, autoscales and suspends idle sessions (issue 12). "Tenure", not "lease": a lease is
+# an engine host's hold on a session's input (`libs/fence/client.py`); the bucket keeps its first name
+# so a running fleet's record stays where its instances look.
+PLACEMENT_TENURE_BUCKET = "sf_placement_lease"
 # `sf_engines` entries of a host that stopped beating go after this (a listing then no longer shows it).
 # Liveness is placement's to judge (three missed beats of the host's own interval), not this TTL's.
 ENGINES_TTL_S = 6.0

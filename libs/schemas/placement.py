@@ -100,10 +100,10 @@ class DrainReport(Msg):
     remaining: int = 0  # sessions fence still says the host owns (0 once drained)
 
 
-# ---------------------------------------------------------------- the fleet controller's lease (KV `sf_placement_lease`)
+# ---------------------------------------------------------------- the fleet controller's tenure (KV `sf_placement_lease`)
 
 
-class Lease(Msg):
+class Tenure(Msg):
     """Who acts as the fleet controller (rebalancer, autoscaler, idle offload) until when (holder's wall clock).
 
     Taken and renewed only by compare-and-set on the key's revision: two placement instances never

@@ -48,7 +48,7 @@ def reserve(record: HostRecord, session_id: str, est: Estimate, incarnation: str
     return msgspec.structs.replace(record, sessions={**record.sessions, session_id: entry})
 
 
-def release(record: HostRecord, session_ids: Iterable[str]) -> HostRecord:
+def unreserve(record: HostRecord, session_ids: Iterable[str]) -> HostRecord:
     gone = set(session_ids)
     return msgspec.structs.replace(record, sessions={s: r for s, r in record.sessions.items() if s not in gone})
 

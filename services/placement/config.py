@@ -24,7 +24,7 @@ class PlacementConfig(FleetControlConfig, kw_only=True):
     sweep_s: PositiveFloat = 1.0  # stranded and orphaned sessions are looked at again this often
     # An owner process never seen in a heartbeat counts as dead after this long (it may be newer than our view).
     unknown_incarnation_grace_s: PositiveFloat = 6.0
-    # A reservation whose session fence shows owned elsewhere (moved out, lost race) is released after this.
+    # A reservation whose session fence shows owned elsewhere (moved out, lost race) is unreserved after this.
     reservation_grace_s: PositiveFloat = 30.0
     drain_move_deadline_s: PositiveFloat = 10.0  # each live move's horizon during a drain
     # A watch silent this long is re-opened (engines beat every 0.5 s, so theirs is short).

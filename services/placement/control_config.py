@@ -18,10 +18,10 @@ from services.placement.policy.params import Knobs, Params
 
 @with_section(Knobs)
 class FleetControlConfig(BaseConfig, kw_only=True):
-    # The controller runs in one placement instance at a time (a lease in `sf_placement_lease`).
+    # The controller runs in one placement instance at a time (a tenure in `sf_placement_lease`).
     fleet_control: bool = True
     control_s: PositiveFloat = 1.0  # one decision (snapshot, decide, apply) this often
-    lease_ttl_s: PositiveFloat = 6.0
+    tenure_ttl_s: PositiveFloat = 6.0
     rebalance: bool = True  # the rebalancing policy runs (its knobs are in `Knobs`)
     # Shed load from a device measured past its limit (`policy/overload.py`: move, suspend C3/C2, then a
     # C1 as `capacity_lost`, re-queued until a device has room); resumes read the measured load too, so a

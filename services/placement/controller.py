@@ -1,6 +1,6 @@
 """The fleet controller: one placement instance at a time applies the pure policies' decisions.
 
-Every `control_s` the instance holding the lease (`lease.py`, key "fleet" in
+Every `control_s` the instance holding the tenure (`tenure.py`, key "fleet" in
 `sf_placement_lease`) reads each live host's sessions (`sf.engine.<host>.status`), builds the
 policies' snapshot (`fleetview.py`) and runs `policy.decide`: min-max rebalancing gated by the
 admissibility calculator (a round's moves share no receiver; cooldown and bounded moves per
@@ -41,10 +41,10 @@ from services.placement.parts import (
     Draining,
     EngineCalls,
     FleetReader,
-    Leasing,
     Owners,
     Relocating,
     Reserving,
+    Tenancy,
 )
 from services.placement.policy import (
     Decision,
@@ -61,7 +61,7 @@ from services.placement.policy import (
 from services.placement.provisioning import Provisioner
 from services.placement.provisioning.local import LocalProvisioner
 
-LEASE_KEY = "fleet"
+TENURE_KEY = "fleet"
 REDRAIN_AFTER_S = 10.0  # a drain that left sessions behind (no room) is tried again this long after
 
 _actions = counter("sf_placement_fleet_actions_total", "Fleet-controller actions applied, by kind and outcome")
@@ -79,11 +79,11 @@ class FleetController:
     """`config` is read afresh every round (an operator's change applies at the next one); `settle_s` is
     how long a reservation counts against its host before a heartbeat shows it (`reservation_settle_s`)."""
 
-    def __init__(self, *, config: FleetControlConfig, guard: Guard, settle_s: float, lease: Leasing,
+    def __init__(self, *, config: FleetControlConfig, guard: Guard, settle_s: float, tenure: Tenancy,
                  view: FleetReader, owners: Owners, reservations: Reserving, relocation: Relocating,
                  engines: EngineCalls, drainer: Draining, provisioner: Provisioner | None,
                  log: structlog.typing.FilteringBoundLogger) -> None:
-        self.config, self.guard, self.settle_s, self.lease = config, guard, settle_s, lease
+        self.config, self.guard, self.settle_s, self.tenure = config, guard, settle_s, tenure
         self.view, self.owners, self.reservations = view, owners, reservations
         self.relocation, self.engines, self.drainer = relocation, engines, drainer
         self.provisioner = provisioner
@@ -96,7 +96,7 @@ class FleetController:
         self.asked: dict[str, float] = {}  # host → when we asked the provisioner for it
         self.last_scale_out_at = float("-inf")
         self.last_scale_in_at = float("-inf")
-        self.rounds = 0  # rounds decided while holding the lease
+        self.rounds = 0  # rounds decided while holding the tenure
         self._tasks: set[asyncio.Task[None]] = set()
         self.log = log.bind(part="fleet")
 
@@ -109,7 +109,7 @@ class FleetController:
                     continue
                 started = time.monotonic()
                 try:
-                    if await self.lease.renew():
+                    if await self.tenure.renew():
                         await self.round()
                 except StatefleetError as e:  # NATS trouble: the next round tries again
                     self.log.warning("fleet_round_failed", code=e.code, detail=e.detail)
@@ -117,7 +117,7 @@ class FleetController:
         finally:
             for task in self._tasks:
                 task.cancel()
-            await self.lease.give_up()
+            await self.tenure.give_up()
 
     # ------------------------------------------------------------ one round
 
@@ -177,7 +177,7 @@ class FleetController:
             return 0
         live = {e.host_id for e in entries}
         for h in self.provisioner.managed():
-            self.asked.setdefault(h, now)  # asked by an earlier lease holder: counted from now
+            self.asked.setdefault(h, now)  # asked by an earlier tenure holder: counted from now
         for h in [h for h in self.asked if h in live or h not in self.provisioner.managed()]:
             del self.asked[h]
         return sum(1 for at in self.asked.values() if now - at < self.config.provision_timeout_s)

@@ -62,5 +62,5 @@ def _restoring(session_id: str, before: Reserved | None) -> Callable[[HostRecord
     def restore(record: HostRecord) -> HostRecord:
         if before is not None:
             return msgspec.structs.replace(record, sessions={**record.sessions, session_id: before})
-        return capacity.release(record, [session_id])
+        return capacity.unreserve(record, [session_id])
     return restore

@@ -103,7 +103,7 @@ class Drainer:
                 return SessionOutcome(session_id=m.session_id, outcome="moved", dest=m.dest, detail=why)
             return SessionOutcome(session_id=m.session_id, outcome="failed", dest=m.dest,
                                   detail=f"{why}; hand-over refused: {e.detail}")
-        await self.reservations.release(host, [m.session_id])
+        await self.reservations.unreserve(host, [m.session_id])
         return SessionOutcome(session_id=m.session_id, outcome="handed_over", dest=m.dest, detail=why)
 
     async def _wait_resident_gone(self, host: str) -> None:

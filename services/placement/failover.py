@@ -76,7 +76,7 @@ def plan(stranded: Sequence[Stranded], hosts: Sequence[EngineEntry], records: Ma
         record = records.get(held) if held else None
         if held and host is not None and record is not None and record.state == "up" and held != dead_host \
                 and record.sessions[s.session_id].incarnation == host.incarnation:
-            est = capacity.fit(s.contract, s.backend, host, capacity.release(record, [s.session_id]), params.guard,
+            est = capacity.fit(s.contract, s.backend, host, capacity.unreserve(record, [s.session_id]), params.guard,
                                settle_s)
             out.append(Reassign(s.session_id, held, host.incarnation, s.view.owner.version, est, reserved=True))
             continue

@@ -65,7 +65,7 @@ class Activity:
 class Arrivals:
     """New sessions per second over the last `window_s`, as they appear in the sessions hint.
 
-    The first look counts none: a new lease holder finds a fleet already there, not a burst."""
+    The first look counts none: a new tenure holder finds a fleet already there, not a burst."""
 
     def __init__(self) -> None:
         self.known: set[str] | None = None

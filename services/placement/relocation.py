@@ -35,12 +35,12 @@ class Relocation:
         """Whether fence shows `dst` owning the session; if so the source's reservation goes."""
         if not await self.owners.owner_is(session_id, dst):
             return False
-        await self.reservations.release(src, [session_id])
+        await self.reservations.unreserve(src, [session_id])
         return True
 
     async def settle(self, session_id: str, src: str, dst: str) -> bool:
         """`landed`, and otherwise the receiver's reservation goes: whether the session is on `dst`."""
         if await self.landed(session_id, src, dst):
             return True
-        await self.reservations.release(dst, [session_id])
+        await self.reservations.unreserve(dst, [session_id])
         return False

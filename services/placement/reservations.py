@@ -42,7 +42,7 @@ class Reservations:
         def take(view: EngineEntry, record: HostRecord) -> HostRecord:
             # Decided again on the records as read now (the host's, and its device peers'): the CAS makes
             # this the decision that holds.
-            est = capacity.fit(contract, backend, view, capacity.release(record, [session_id]), guard,
+            est = capacity.fit(contract, backend, view, capacity.unreserve(record, [session_id]), guard,
                                self.settle_s)
             if not est.fits:
                 raise Rejected(f"host {host_id}: {est.reason}", reason="no_fit", host_id=host_id)
@@ -50,8 +50,8 @@ class Reservations:
 
         return await device_cas.reserve(self.records, host, self.view.live_hosts(), self.settle_s, session_id, take)
 
-    async def release(self, host_id: str, session_ids: list[str]) -> None:
-        await self.records.change(host_id, lambda r: capacity.release(r, session_ids))
+    async def unreserve(self, host_id: str, session_ids: list[str]) -> None:
+        await self.records.change(host_id, lambda r: capacity.unreserve(r, session_ids))
 
     async def after_death(self, host_id: str, incarnation: str, successor: str) -> None:
         await self.records.change(host_id, lambda r: capacity.after_death(r, incarnation, successor))

@@ -42,11 +42,10 @@ from libs.service import Service
 from libs.tasks import spawn, wait_set
 from libs.telemetry import counter, histogram, traced
 from services.placement.config import PlacementConfig
-from services.placement.controller import LEASE_KEY, FleetController, provisioner_for
+from services.placement.controller import TENURE_KEY, FleetController, provisioner_for
 from services.placement.drainer import Drainer
 from services.placement.engine_verbs import EngineVerbs
 from services.placement.fence_client import FenceClient
-from services.placement.lease import KvLease
 from services.placement.liveness import Death, Liveness
 from services.placement.mirror import KvMirror
 from services.placement.placer import Placer
@@ -54,6 +53,7 @@ from services.placement.records import Records
 from services.placement.relocation import Relocation
 from services.placement.reservations import Reservations
 from services.placement.sweeper import Sweeper
+from services.placement.tenure import KvTenure
 from services.placement.view import FleetView
 
 __all__ = ["PlacementConfig", "PlacementService"]
@@ -110,10 +110,10 @@ class PlacementService(Service):
                                config=cfg, settle_s=settle_s, grace_s=cfg.reservation_grace_s, log=self.log)
         self.drainer = Drainer(view=self.view, owners=self.fence, reservations=self.reservations,
                                relocation=relocation, guard=self.guard, config=cfg, settle_s=settle_s, log=self.log)
-        lease_kv = await bucket(names.PLACEMENT_LEASE_BUCKET)
+        tenure_kv = await bucket(names.PLACEMENT_TENURE_BUCKET)
         self.fleet = FleetController(
             config=cfg, guard=self.guard, settle_s=settle_s,
-            lease=KvLease(lease_kv, LEASE_KEY, self.instance, ttl_s=cfg.lease_ttl_s, margin_s=cfg.lease_ttl_s / 3),
+            tenure=KvTenure(tenure_kv, TENURE_KEY, self.instance, ttl_s=cfg.tenure_ttl_s, margin_s=cfg.tenure_ttl_s / 3),
             view=self.view, owners=self.fence, reservations=self.reservations, relocation=relocation,
             engines=EngineVerbs(nc=self.nc), drainer=self.drainer, provisioner=provisioner_for(cfg), log=self.log)
         self.spawn(self.fleet.run(), "fleet")
@@ -125,7 +125,7 @@ class PlacementService(Service):
                 (names.PLACEMENT_DRAIN, "placement.drain", HostRequest, self.drainer.drain),
                 (names.PLACEMENT_UNDRAIN, "placement.undrain", HostRequest, self._on_undrain)):
             await bus.serve(self.nc, subject, req_type, traced(span, handler), queue=self.name, concurrency=8)
-        # every instance learns the paths' measured rates, so a new lease holder plans with them too
+        # every instance learns the paths' measured rates, so a new tenure holder plans with them too
         await bus.subscribe_events(self.nc, names.MOVE_RECEIPT_SUBJECTS, MoveReceipt, self._on_receipt)
 
     async def _on_receipt(self, r: MoveReceipt) -> None:
@@ -180,8 +180,8 @@ class PlacementService(Service):
         self._wake.set()
         try:
             await self.reservations.after_death(death.host_id, death.incarnation, death.successor)
-        except StatefleetError as e:  # the next sweep's reconciliation releases them instead
-            self.log.warning("death_release_failed", host_id=death.host_id, code=e.code)
+        except StatefleetError as e:  # the next sweep's reconciliation unreserves them instead
+            self.log.warning("death_unreserve_failed", host_id=death.host_id, code=e.code)
 
     # ------------------------------------------------------------ failover
 

@@ -5,7 +5,7 @@ confirms each on fence's log, and carries out `failover.plan`'s decisions: a res
 on the chosen host, then fence's `assign` at the version the dead owner held. Of two placers that
 decided the same, exactly one assign lands; the other lets its reservation go. After the
 failovers, reservations of sessions that closed, or that fence shows owned elsewhere for longer
-than `grace_s`, are released.
+than `grace_s`, are unreserved.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Sweeper:
         except Conflict:
             # Another placer (or a move) got there first: keep the reservation only if it chose our host.
             if not await self.owners.owner_is(sid, d.host_id):
-                await self.reservations.release(d.host_id, [sid])
+                await self.reservations.unreserve(d.host_id, [sid])
             _failovers.add(1, {"outcome": "lost_race"})
             return
         self._orphans.discard(sid)
@@ -106,7 +106,7 @@ class Sweeper:
             self.log.info("orphan_mark_failed", session_id=session_id, code=e.code)
 
     async def reconcile(self) -> None:
-        """Release reservations of sessions that closed, or that fence shows owned elsewhere for a while."""
+        """Unreserve the reservations of sessions that closed, or that fence shows owned elsewhere for a while."""
         now = time.time()
         summaries = self.view.summaries()
         for host_id, record in list(self.view.records().items()):
@@ -118,7 +118,7 @@ class Sweeper:
                 elif now - r.at > self.grace_s and (s is None or s.owner_server_id != host_id):
                     stale.append(sid)
             if stale:
-                await self.reservations.release(host_id, stale)
+                await self.reservations.unreserve(host_id, stale)
 
 
 def orphan_reason(d: failover.Orphan) -> str:

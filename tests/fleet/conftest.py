@@ -26,7 +26,7 @@ async def stack(nats_server, nc, tmp_path):
 
 def holder(stack: Stack):
     """The placement instance holding the fleet lease (None while none does)."""
-    return next((p for p in stack.placements if p.fleet.lease.held), None)
+    return next((p for p in stack.placements if p.fleet.tenure.held), None)
 
 
 def configure(stack: Stack, **fields) -> None:

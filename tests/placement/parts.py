@@ -141,14 +141,14 @@ class Reservations:
         entry = self.view.entry(host_id)
         record = self.record(host_id)
         est = None if entry is None or record.state != "up" else \
-            estimate(contract, backend, entry, capacity.pending(capacity.release(record, [session_id]), entry, 6.0),
+            estimate(contract, backend, entry, capacity.pending(capacity.unreserve(record, [session_id]), entry, 6.0),
                      GUARD)
         if est is None or not est.fits:
             raise Rejected(f"host {host_id}: no room", reason="no_fit", host_id=host_id)
         return self._write(capacity.reserve(record, session_id, est, incarnation, 0.0))
 
-    async def release(self, host_id: str, session_ids: list[str]) -> None:
-        self._write(capacity.release(self.record(host_id), session_ids))
+    async def unreserve(self, host_id: str, session_ids: list[str]) -> None:
+        self._write(capacity.unreserve(self.record(host_id), session_ids))
 
     async def set_state(self, host_id: str, state: HostState, *, only_from: HostState | None = None) -> HostRecord:
         record = self.record(host_id)
@@ -203,7 +203,7 @@ class Engines:
         self.resumed.append((host_id, session_id))
 
 
-class Lease:
+class Tenure:
     held = True
 
     async def renew(self) -> bool:
@@ -241,7 +241,7 @@ class Parts:
 
     def controller(self) -> FleetController:
         return FleetController(config=self.config, guard=GUARD, settle_s=self.config.reservation_settle_s,
-                               lease=Lease(), view=self.view, owners=self.owners, reservations=self.reservations,
+                               tenure=Tenure(), view=self.view, owners=self.owners, reservations=self.reservations,
                                relocation=self.relocation, engines=self.engines, drainer=self.drains,
                                provisioner=None, log=LOG)
 

@@ -54,7 +54,7 @@ async def test_a_host_is_released_only_when_fresh_reads_show_it_empty_and_it_is_
     await parts.reservations.set_state("h1", "draining")
     parts.reserved("h1", "b")
     assert "reservations" in await fleet.stoppable("h1")
-    await parts.reservations.release("h1", ["b"])
+    await parts.reservations.unreserve("h1", ["b"])
     parts.owners.own("c", "h1")
     assert await fleet.stoppable("h1") == "it owns session c"
     parts.owners.own("c", "h0", 2)

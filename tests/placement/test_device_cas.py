@@ -73,7 +73,7 @@ async def test_two_placers_on_two_hosts_of_one_device_never_both_land():
 
     async def place(sid: str, target: EngineEntry) -> bool:
         def take(view: EngineEntry, record: HostRecord) -> HostRecord:
-            est = capacity.fit(contract, "world", view, capacity.release(record, [sid]), GUARD, SETTLE)
+            est = capacity.fit(contract, "world", view, capacity.unreserve(record, [sid]), GUARD, SETTLE)
             if not est.fits:
                 raise Rejected(f"{target.host_id}: {est.reason}", reason="no_fit")
             return capacity.reserve(record, sid, est, target.incarnation, 1e12)
@@ -98,7 +98,7 @@ async def test_a_placer_on_the_lead_and_one_on_a_peer_never_both_land(lead_first
 
     async def place(sid: str, target: EngineEntry) -> bool:
         def take(view: EngineEntry, record: HostRecord) -> HostRecord:
-            est = capacity.fit(contract, "world", view, capacity.release(record, [sid]), GUARD, SETTLE)
+            est = capacity.fit(contract, "world", view, capacity.unreserve(record, [sid]), GUARD, SETTLE)
             if not est.fits:
                 raise Rejected("no room", reason="no_fit")
             return capacity.reserve(record, sid, est, target.incarnation, 1e12)

@@ -1,4 +1,4 @@
-"""Load-driven autoscaling with hysteresis and cooldowns. Scale-in is a drain; release waits for empty.
+"""Load-driven autoscaling with hysteresis and cooldowns. Scale-in is a drain; stopping the host waits for it to be empty.
 
 Utilisation is the open hosts' busy fraction (measured plus reserved, as `libs.contracts`
 counts it) plus what queued sessions would add, over the open and provisioning hosts. Above
@@ -7,7 +7,7 @@ hosts to bring the fleet to `target_util` plus the pool, and for sessions still 
 placement (they fit no open host) hosts beyond the open ones for their load (at least one),
 those already coming included; below `scale_in_below` it drains the least loaded hosts down to
 that size, never within `scale_in_cooldown_s` of the last scaling in either direction, and
-never while hosts are still being provisioned. A draining host is released only once it owns
+never while hosts are still being provisioned. A draining host is stopped only once it owns
 no session (serving, moving or suspended) and expects none.
 
 With a latency cap, demand is in hosts at the cap, and placement packs each host to the cap: a host

@@ -6,7 +6,7 @@ ids it prepared credentials for, and stops (SIGTERM, then SIGKILL after a grace)
 longer wanted. The supervisor stays the only parent of every process: its ordered shutdown,
 crash restarts and parent-death signal keep working, and a placement instance that dies
 takes no engine host with it. The files are also the backend's memory: a placement instance
-that takes the fleet lease over sees what its predecessor asked for.
+that takes the fleet tenure over sees what its predecessor asked for.
 """
 
 from __future__ import annotations

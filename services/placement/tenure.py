@@ -1,8 +1,9 @@
-"""A lease held by compare-and-set on one KV key: which placement instance acts as the fleet controller.
+"""The fleet controller's tenure: which placement instance acts as the controller, held by
+compare-and-set on one KV key (a lease on that role, named apart from the engine hosts' session leases).
 
 The holder renews it every round; anyone may take it once it has expired (by the expiry the
 record itself carries). Every write is a create or an update on the revision just read, so of
-two instances that race for an expired lease exactly one write lands. The holder stops acting
+two instances that race for an expired tenure exactly one write lands. The holder stops acting
 `margin_s` before its own expiry, measured from before the renewing write was sent: a renewal
 that is slow to land never stretches the time it counts as held.
 """
@@ -14,10 +15,10 @@ import time
 from libs import bus
 from libs.errors import Unavailable
 from libs.schemas.base import decode, encode
-from libs.schemas.placement import Lease
+from libs.schemas.placement import Tenure
 
 
-class KvLease:
+class KvTenure:
     def __init__(self, kv: bus.KeyValue, key: str, holder: str, *, ttl_s: float, margin_s: float) -> None:
         self.kv, self.key, self.holder = kv, key, holder
         self.ttl_s, self.margin_s = ttl_s, margin_s
@@ -28,14 +29,14 @@ class KvLease:
         return time.monotonic() < self._valid_until
 
     async def renew(self) -> bool:
-        """Take or renew the lease; True while this instance holds it."""
+        """Take or renew the tenure; True while this instance holds it."""
         sent = time.monotonic()
         try:
             current, revision = await self._read()
             if current is not None and current.holder != self.holder and current.expires_at > time.time():
                 self._valid_until = 0.0
                 return False
-            value = encode(Lease(holder=self.holder, expires_at=time.time() + self.ttl_s))
+            value = encode(Tenure(holder=self.holder, expires_at=time.time() + self.ttl_s))
             written = await bus.kv_swap(self.kv, self.key, value, revision)
         except Unavailable:
             return self.held  # what we held stays held until it runs out; then we stop acting
@@ -46,19 +47,19 @@ class KvLease:
         return True
 
     async def give_up(self) -> None:
-        """Hand the lease back at once (a clean stop), so the other instance need not wait for it to expire."""
+        """Hand the tenure back at once (a clean stop), so the other instance need not wait for it to expire."""
         if not self.held:
             return
         self._valid_until = 0.0
         try:
             current, revision = await self._read()
             if current is not None and current.holder == self.holder:
-                await bus.kv_swap(self.kv, self.key, encode(Lease(holder="", expires_at=0.0)), revision)
+                await bus.kv_swap(self.kv, self.key, encode(Tenure(holder="", expires_at=0.0)), revision)
         except Unavailable:
             pass  # it runs out by itself
 
-    async def _read(self) -> tuple[Lease | None, int]:
+    async def _read(self) -> tuple[Tenure | None, int]:
         entry = await bus.kv_read(self.kv, self.key)
         if entry is None:
             return None, 0
-        return decode(entry.value or b"", Lease), entry.revision or 0
+        return decode(entry.value or b"", Tenure), entry.revision or 0
