@@ -62,7 +62,7 @@ class SessionRef(Msg):
     """`close`, `suspend`, `resume`, `checkpoint`, `metrics`: a verb on one held session."""
 
     session_id: str
-    drain: bool = True  # close: finish in-flight blocks (True) or cancel them (False)
+    finish: bool = True  # close: let in-flight blocks finish (True) or cancel them (False)
 
 
 class Advance(Msg):

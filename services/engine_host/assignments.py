@@ -90,7 +90,7 @@ class FencedHost(Protocol):
 
     async def delete_checkpoint(self, key: str) -> None: ...
 
-    async def close(self, sid: str, *, drain: bool = True) -> SessionInfo: ...
+    async def close(self, sid: str, *, finish: bool = True) -> SessionInfo: ...
 
 
 class Assignments:
@@ -148,7 +148,7 @@ class Assignments:
         except StatefleetError as e:
             log.warning("take_failed", session_id=sid, version=version, code=e.code, detail=e.detail)
             if not held:
-                await self._close(sid, drain=False)  # we made this copy for nothing
+                await self._close(sid, finish=False)  # we made this copy for nothing
             elif sid not in self.host.moved_in():
                 with contextlib.suppress(NotFound):
                     self.host.ungate(sid)
@@ -222,7 +222,7 @@ class Assignments:
         if not meta.checkpoint_ref or meta.checkpoint_block <= self.host.info(sid).blocks_done:
             return
         log.info("checkpoint_moved_on", session_id=sid, key=meta.checkpoint_ref, block=meta.checkpoint_block)
-        await self.host.close(sid, drain=False)
+        await self.host.close(sid, finish=False)
         await self.host.restore(sid, meta.checkpoint_ref, gated=True)
 
     async def apply_releases(self, lease: Lease, plan: list[ConsumedBlock] | None = None) -> None:
@@ -276,13 +276,13 @@ class Assignments:
         if not self.host.holds(sid):
             return  # dropped by a committed move already
         if meta is not None and meta.closed:
-            await self._close(sid, drain=True)
+            await self._close(sid, finish=True)
             return
         # Assigned elsewhere: a mover drops our copy once its move commits. A failover
         # (we were presumed dead) moves nothing, so the copy goes after a grace.
         await asyncio.sleep(self.orphan_grace_s)
         if self.host.holds(sid) and self.client.lease(sid) is None:
-            await self._close(sid, drain=False)
+            await self._close(sid, finish=False)
 
     async def _sweep_orphans(self) -> None:
         """A moved-in copy that fence never assigns here (the hand-over lost a race) is closed:
@@ -294,13 +294,13 @@ class Assignments:
                        if sid not in self.serving and self.client.lease(sid) is None}
             for sid in orphans & seen:
                 log.warning("orphan_closed", session_id=sid)
-                await self._close(sid, drain=False)
+                await self._close(sid, finish=False)
             seen = orphans - seen
 
-    async def _close(self, sid: str, *, drain: bool) -> None:
+    async def _close(self, sid: str, *, finish: bool) -> None:
         with contextlib.suppress(NotFound):
-            await self.host.close(sid, drain=drain)
-            log.info("session_closed", session_id=sid, drain=drain)
+            await self.host.close(sid, finish=finish)
+            log.info("session_closed", session_id=sid, finish=finish)
 
     async def _stop_when_fenced(self, lease: Lease, journal: OutputJournal) -> None:
         """A newer owner sealed the journal (we were presumed dead): take no more input."""

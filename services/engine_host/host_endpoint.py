@@ -115,7 +115,7 @@ class HostEndpoint:
 
     async def drop_session(self, session_id: str) -> None:
         """Release the source copy after a committed move (no more blocks, no output)."""
-        await self.lifecycle.close(session_id, drain=False)
+        await self.lifecycle.close(session_id, finish=False)
 
 
 def sent_roles(sid: str, d: SessionDescriptor) -> tuple[specs.Role, ...]:

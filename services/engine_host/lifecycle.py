@@ -33,7 +33,7 @@ from services.engine_host.stages import BlockJob
 log = structlog.get_logger("statefleet.engine_host.lifecycle")
 
 InThread = Callable[..., Awaitable[Any]]
-JOURNAL_DRAIN_S = 5.0  # a drained close waits this long for the journal (the bus may be away)
+JOURNAL_FINISH_S = 5.0  # a finishing close waits this long for the journal (the bus may be away)
 
 
 def session_threads(determinism: DeterminismTier, recorded: int, host: int) -> int:
@@ -121,15 +121,15 @@ class Lifecycle:
         self.wake()
         return s
 
-    async def close(self, sid: str, *, drain: bool) -> SessionInfo:
-        """Ordered shutdown of one session: stop scheduling it, drain or cancel its block, release
+    async def close(self, sid: str, *, finish: bool) -> SessionInfo:
+        """Ordered shutdown of one session: stop scheduling it, let its block finish or cancel it, release
         its pipeline slots last stage first, verify none is left."""
         s = self.sessions.get(sid)
         info = s.info(self.sched.tasks.get(sid))
         s.status = "closing"
         self.sched.remove(sid)
         try:
-            await self.pipeline.close(sid, drain=drain)
+            await self.pipeline.close(sid, finish=finish)
         finally:
             self.sessions.remove(sid)
             s.fail_waiters(Conflict(f"session {sid} was closed", session_id=sid))
@@ -137,7 +137,7 @@ class Lifecycle:
             # for it to end would otherwise wait forever.
             s.no_block_left()
             self.wake()
-            await self._end_output(s, drain=drain)
+            await self._end_output(s, finish=finish)
         return SessionInfo(**{**{f: getattr(info, f) for f in info.__struct_fields__}, "state": "closed"})
 
     def fail(self, s: Session, error: BaseException) -> None:
@@ -153,27 +153,27 @@ class Lifecycle:
 
     async def _close_failed(self, sid: str) -> None:
         try:
-            await self.pipeline.close(sid, drain=False)
+            await self.pipeline.close(sid, finish=False)
         except Exception as e:
             log.error("failed_session_cleanup_failed", session_id=sid, error=repr(e))
         finally:
             s = self.sessions.lookup(sid)
             self.sessions.remove(sid)
             if s is not None:
-                await self._end_output(s, drain=False)
+                await self._end_output(s, finish=False)
 
     @staticmethod
-    async def _end_output(s: Session, *, drain: bool) -> None:
+    async def _end_output(s: Session, *, finish: bool) -> None:
         """A closing session's journal and outbox: their waiting blocks go out first (the outbox's always:
-        its blocks are done and need nothing but the encode; the journal's when draining), then their
+        its blocks are done and need nothing but the encode; the journal's when finishing), then their
         tasks end."""
-        queues, s.outbox, s.journal = ((s.outbox, True), (s.journal, drain)), None, None
+        queues, s.outbox, s.journal = ((s.outbox, True), (s.journal, finish)), None, None
         for queue, flush in queues:
             if queue is None:
                 continue
             if flush:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(queue.flushed(), JOURNAL_DRAIN_S)
+                    await asyncio.wait_for(queue.flushed(), JOURNAL_FINISH_S)
             await queue.close()
 
     async def settle(self) -> None:

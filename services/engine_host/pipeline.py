@@ -17,7 +17,7 @@
 - The source edge keeps one FIFO per session and hands them out round-robin, so a
   session with a burst cannot starve the others; every stage checks that a
   session's `seq` arrives exactly one after the last it saw.
-- A session is closed in order: stop admitting → drain (or cancel: later work is
+- A session is closed in order: stop admitting → finish (or cancel: later work is
   dropped as stale) → each stage releases its slot through its own inbox, last stage
   first → verify no slot or in-flight work is left. Release failures are counted
   and the slot is quarantined, never reused.
@@ -58,7 +58,7 @@ class StagePipeline(Generic[P, M]):
             a.next = b
         self.out_edge = edges[-1]
         self._sink_task: asyncio.Task | None = None
-        self._drained: dict[str, asyncio.Event] = {}
+        self._idle: dict[str, asyncio.Event] = {}
         self._submitting: set[str] = set()
         self._next_epoch = 0
         self.admitting = True
@@ -88,8 +88,8 @@ class StagePipeline(Generic[P, M]):
         self._next_epoch += 1
         self.epochs[sid] = self._next_epoch
         self.in_flight[sid] = 0
-        self._drained[sid] = asyncio.Event()
-        self._drained[sid].set()
+        self._idle[sid] = asyncio.Event()
+        self._idle[sid].set()
 
     async def submit(self, work: Work[P, M]) -> None:
         """Queue one unit; waits while the source edge is full (backpressure). A session's units are
@@ -114,7 +114,7 @@ class StagePipeline(Generic[P, M]):
         for it in work.items:
             it.epoch = self.epochs[it.sid]
             self.in_flight[it.sid] += 1
-            self._drained[it.sid].clear()
+            self._idle[it.sid].clear()
         try:
             await self.source.put_async(work)
         except BaseException:  # cancelled while waiting for room: it never entered, so it is not in flight
@@ -122,17 +122,17 @@ class StagePipeline(Generic[P, M]):
                 self._forget(it)
             raise
 
-    async def close(self, sid: str, *, drain: bool = True) -> None:
+    async def close(self, sid: str, *, finish: bool = True) -> None:
         """Ordered shutdown of one session; raises Internal if a slot or work of it is left behind."""
         if sid not in self.epochs:
             raise NotFound(f"session {sid} is not open in the pipeline", session_id=sid)
         self.closing.add(sid)
         try:
-            if not drain:
+            if not finish:
                 # Everything of it still queued is now stale: the next actor drops it (and its work,
                 # possibly shared with other sessions in a batch, flows on to the sink).
                 self.epochs[sid] = -1
-            await self._drained[sid].wait()
+            await self._idle[sid].wait()
             failures = []
             for a in reversed(self.actors):
                 try:
@@ -146,7 +146,7 @@ class StagePipeline(Generic[P, M]):
             self.closing.discard(sid)
             self.epochs.pop(sid, None)
             self.in_flight.pop(sid, None)
-            self._drained.pop(sid, None)
+            self._idle.pop(sid, None)
 
     def _verify_released(self, sid: str) -> None:
         leaks = [a.name for a in self.actors if sid in a.slots]
@@ -154,13 +154,13 @@ class StagePipeline(Generic[P, M]):
             self.counters.slot_leaks += 1
             raise Internal(f"session {sid} still holds slots in {leaks}", session_id=sid, stages=",".join(leaks))
 
-    async def shutdown(self, *, drain: bool = True) -> None:
+    async def shutdown(self, *, finish: bool = True) -> None:
         """Stop admitting, close every session in order, then stop the actors first to last."""
         self.admitting = False
         errors = []
         for sid in list(self.epochs):
             try:
-                await self.close(sid, drain=drain)
+                await self.close(sid, finish=finish)
             except Exception as e:
                 errors.append(e)
         for a in self.actors:
@@ -205,7 +205,7 @@ class StagePipeline(Generic[P, M]):
             return
         self.in_flight[it.sid] = n - 1
         if n - 1 == 0:
-            self._drained[it.sid].set()
+            self._idle[it.sid].set()
 
     async def _sink_loop(self) -> None:
         while True:

@@ -120,7 +120,7 @@ class EngineRuntime:
         await self.lifecycle.settle()
         for s in self.sessions:
             try:
-                await self.lifecycle.close(s.sid, drain=True)
+                await self.lifecycle.close(s.sid, finish=True)
             except Exception as e:  # counted by the pipeline; the other sessions still close
                 log.error("session_close_failed", session_id=s.sid, error=repr(e))
         await self.pipeline.shutdown()
@@ -158,8 +158,8 @@ class EngineRuntime:
         await self.lifecycle.open(spec, gated=gated)
         return self.info(spec.session_id)
 
-    async def close(self, sid: str, *, drain: bool = True) -> SessionInfo:
-        return await self.lifecycle.close(sid, drain=drain)
+    async def close(self, sid: str, *, finish: bool = True) -> SessionInfo:
+        return await self.lifecycle.close(sid, finish=finish)
 
     async def apply_input(self, item: InputItem) -> int:
         """Accept one released input item, in seq order; returns the session's new input cursor.

@@ -190,7 +190,7 @@ class EngineHostService(Service):
         rt = self.runtime
         verbs: list[tuple[str, Any, Callable[[Any], Awaitable[Msg]]]] = [
             ("open", OpenSession, rt.open),
-            ("close", SessionRef, lambda r: rt.close(r.session_id, drain=r.drain)),
+            ("close", SessionRef, lambda r: rt.close(r.session_id, finish=r.finish)),
             ("advance", Advance, lambda r: rt.advance(r.session_id, r.blocks)),
             ("suspend", SessionRef, lambda r: rt.suspend(r.session_id)),
             ("resume", SessionRef, lambda r: rt.resume(r.session_id)),

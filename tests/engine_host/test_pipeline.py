@@ -171,7 +171,7 @@ async def test_cancel_drops_queued_work_and_releases_every_slot():
     await pipe.open("t")
     for seq in range(4):
         await pipe.submit(work("s", seq))
-    await pipe.close("s", drain=False)
+    await pipe.close("s", finish=False)
     assert [n for n, sid in released if sid == "s"] == ["dec", "den", "enc"]  # reverse topological order
     assert all("s" not in a.slots for a in pipe.actors)
     with pytest.raises(NotFound):
@@ -258,8 +258,8 @@ OPS = st.lists(st.tuples(st.sampled_from(["submit", "submit", "submit", "close",
 @settings(max_examples=30, deadline=None)
 @given(ops=OPS, fail_every=st.integers(0, 7), edge=st.integers(1, 3))
 def test_random_submits_closes_and_failures_never_leak_or_reorder(ops, fail_every, edge):
-    """Whatever the interleaving of submits, drains, cancels, reopens and stage failures: each session
-    run sees its blocks in order with no repeats, a drained close loses nothing, and no slot or
+    """Whatever the interleaving of submits, finishing closes, cancels, reopens and stage failures: each session
+    run sees its blocks in order with no repeats, a finishing close loses nothing, and no slot or
     in-flight count is left behind."""
     asyncio.run(_random_run(ops, fail_every, edge))
 
@@ -302,14 +302,14 @@ async def _random_run(ops, fail_every, edge):
             key = (sid, pipe.epochs[sid])
             await asyncio.gather(*pending.values())
             pending.clear()
-            await pipe.close(sid, drain=op == "close")
+            await pipe.close(sid, finish=op == "close")
             if op == "close":
                 drained.add(key)
     await asyncio.gather(*pending.values())
-    await pipe.shutdown(drain=True)
+    await pipe.shutdown(finish=True)
     for key, seqs in seen.items():
         assert seqs == sorted(set(seqs)), f"{key} out of order or repeated: {seqs}"
-    for key in drained:  # a drained close delivers every block submitted to that run (failed ones carry an error)
+    for key in drained:  # a finishing close delivers every block submitted to that run (failed ones carry an error)
         assert len(seen.get(key, [])) == submitted.get(key, 0)
     assert pipe.in_flight == {} and pipe.counters.slot_leaks == 0 and pipe.counters.duplicate == 0
     assert all(not a.slots for a in pipe.actors)

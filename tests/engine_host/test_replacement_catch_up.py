@@ -108,7 +108,7 @@ class RecordingHost:
     async def delete_checkpoint(self, key: str) -> None:
         return None
 
-    async def close(self, sid: str, *, drain: bool = True) -> SessionInfo:
+    async def close(self, sid: str, *, finish: bool = True) -> SessionInfo:
         info = self.info(sid)
         del self.installed[sid]
         self.gated.discard(sid)

@@ -366,7 +366,7 @@ async def test_random_verb_interleavings_keep_the_runtime_consistent(seed):
                     await rt.resume(sid)
                     status[sid] = "running"
                 else:
-                    await rt.close(sid, drain=rng.random() < 0.5)
+                    await rt.close(sid, finish=rng.random() < 0.5)
                     del status[sid]
                     await closes_its_advances((sid, runs[sid]))
                 got = None
