@@ -23,6 +23,7 @@ from services.engine_host.service import EngineHostConfig, EngineHostService
 from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
 from services.placement.service import PlacementConfig, PlacementService
+from tests.support.fence import http  # noqa: F401 (a fixture: test_ws_access takes it)
 
 ADMIN_TOKEN = "test-admin-token-7f3c"  # a fixture's own token; `statefleet up` generates a real one
 API_KEY = "test-web-tenant-key-2b1d"  # tenant "web": what a user pastes into the session page

@@ -22,7 +22,7 @@ import pytest
 
 from libs import names
 from libs.ws_limits import CLOSE_IDLE
-from tests.fence.conftest import register, start_fence
+from tests.support.fence import register, start_fence
 
 SID = "a" * 32
 TIGHT = dict(http_head_timeout_s=0.5, http_body_timeout_s=0.5, http_idle_timeout_s=0.8, http_max_connections=3,

@@ -17,13 +17,14 @@ import msgspec
 from bench.stack import answers
 from libs import bus, errors, names
 from libs.contracts import Contract, Guard
-from libs.fence.ownership import assign, read_owner
+from libs.fence.ownership import assign
 from libs.schemas.engine import SessionInfo, SessionRef
 from libs.schemas.fence import RegisterReply, RegisterRequest
 from libs.schemas.placement import Placement, PlaceRequest
 from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
 from services.placement.service import PlacementConfig, PlacementService
+from tests.support import ownership
 from tests.support.waiting import eventually
 
 # A period far above what a block costs: admission prices a block at every stage (an avatar block: 25-90 ms
@@ -126,14 +127,10 @@ class Stack:
                     assert (await resp.json())["seq"] == i
 
     async def owner(self, sid: str):
-        view = (await read_owner(self.js, sid)).view
-        return view if view.claim is not None and view.claim == view.owner else None
+        return await ownership.owner(self.nc, sid)
 
     async def claimed_by(self, sid: str, host_id: str | None = None, min_version: int = 1):
-        view = await self.owner(sid)
-        if view is None or view.owner.version < min_version:
-            return None
-        return view if host_id is None or view.owner.server_id == host_id else None
+        return await ownership.claimed_by(self.nc, sid, host_id, min_version)
 
     async def info(self, host_id: str, sid: str) -> SessionInfo | None:
         try:
