@@ -23,8 +23,8 @@ from libs.natsd import NatsServer
 from libs.schemas.base import encode
 from services.admission.openapi import OPENAPI
 from services.placement.service import PlacementConfig, PlacementService
-from tests.admission.conftest import ADMIN_TOKEN, admission_config
-from tests.admission.fleet import host
+from tests.support.admission import ADMIN_TOKEN, admission_config
+from tests.support.fleet_rows import host
 
 # A schema-valid create may still be refused: 422 for a contract incoherent with itself or with the
 # backends the fleet measures (rules a static JSON Schema cannot state), 429 while the queue is full.

@@ -28,8 +28,8 @@ from libs.schemas.base import encode
 from services.admission.service import AdmissionConfig, AdmissionService
 from services.fence.service import FenceConfig, FenceService
 from services.placement.service import PlacementConfig, PlacementService
-from tests.admission.fleet import host
 from tests.support.fence import engine, register
+from tests.support.fleet_rows import host
 
 ADMIN = "campaign-admin-token"
 RESET = 0  # the connection was closed on a request that was not HTTP or whose body was too large

@@ -5,13 +5,13 @@ from __future__ import annotations
 from libs import admissibility
 from libs.contracts import Demand, Guard
 from services.placement.policy import Fleet, Host, Params, PathRates, Session
-from tests.admission.fleet import GIB, c1, host, rows
+from tests.support.fleet_rows import GIB, c1, host, rows
 
 FAST = admissibility.gbps(100)
 PATHS = PathRates(default_bps=FAST)
 PARAMS = Params(guard=Guard(busy_fraction=0.1, memory_fraction=0.05, max_sessions=16), keep_warm_s=0.0,
                 warm_pool_hosts=0, warm_pool_frac=0.0)
-SHARE = {4: 0.1, 8: 0.2, 16: 0.4}  # quantum / period for the rows of tests.admission.fleet at 100 ms
+SHARE = {4: 0.1, 8: 0.2, 16: 0.4}  # quantum / period for the rows of tests.support.fleet_rows at 100 ms
 
 
 def sess(sid: str, host_id: str = "", *, floor: int = 8, state: str | None = None, moves: tuple[float, ...] = (),

@@ -15,7 +15,7 @@ from libs.contracts import Contract
 from libs.errors import IntegrityError
 from libs.fence.ownership import assign
 from libs.fence.replay import replay_plan
-from tests.fence.invariants import check_log, read_log
+from tests.support.invariants import check_log, read_log
 from tests.support.ownership import claimed_by
 from tests.support.recovery import CONTRACT, OutputLog, Producer, info, journal, meta, register, watch_output
 from tests.support.waiting import STARTING, eventually

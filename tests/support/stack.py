@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+import pytest
 
 from bench.stack import answers
 from libs import bus, errors, names
@@ -91,13 +92,16 @@ class Stack:
         self.services.append(svc)
         return svc
 
-    async def engines_up(self, *host_ids: str, config: Path | None = None, **env: str) -> None:
-        """Start engine-host processes and wait until each answers its ping (its heartbeat is in by then)."""
+    async def engines_up(self, *host_ids: str, config: Path | None = None, answer_s: float = 180.0,
+                         seen_s: float = 10.0, **env: str) -> None:
+        """Start engine-host processes and wait until each answers its ping (its heartbeat is in by then) and
+        every placement instance sees it. Start-up profiles each backend, so a slow one (wan_causal's decoder
+        takes seconds a block on a loaded machine) needs a longer `answer_s`."""
         for h in host_ids:
             self.engines[h] = EngineProc(self.url, h, self.tmp, config, **env).start()
         for h in host_ids:
-            await eventually(lambda h=h: self.answers(h), 180, what=f"{h} answers")  # start-up profiles itself: slow under load
-            await eventually(lambda h=h: self.placements_see(h), 10)
+            await eventually(lambda h=h: self.answers(h), answer_s, what=f"{h} answers")
+            await eventually(lambda h=h: self.placements_see(h), seen_s)
 
     async def placements_see(self, host_id: str) -> bool:
         return all(p.liveness.entry(host_id) is not None for p in self.placements if not p._stopping.is_set())
@@ -106,15 +110,16 @@ class Stack:
         return await answers(self.nc, names.engine_subject(host_id, "ping"))
 
     async def create(self, sid: str, guard: Guard | None = None, contract: Contract = CONTRACT,
-                     backend: str = "avatar") -> Placement:
-        """Register, place and assign a session as admission does."""
-        req = RegisterRequest(session_id=sid, backend=backend, seed=3, prompt="narrator",
-                              contract=msgspec.msgpack.encode(contract), tier=1)
+                     backend: str = "avatar", *, seed: int = 3, prompt: str = "narrator", tier: int = 1,
+                     claim_s: float = 30.0) -> Placement:
+        """Register, place and assign a session as admission does; wait (up to `claim_s`) for its claim."""
+        req = RegisterRequest(session_id=sid, backend=backend, seed=seed, prompt=prompt,
+                              contract=msgspec.msgpack.encode(contract), tier=tier)
         self.tokens[sid] = (await bus.request(self.nc, names.FENCE_REGISTER, req, RegisterReply)).token
         placement = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
             session_id=sid, backend=backend, contract=contract, guard=guard or Guard()), Placement)
         await assign(self.nc, sid, placement.host_id, incarnation=placement.incarnation)
-        await eventually(lambda: self.claimed_by(sid, placement.host_id))
+        await eventually(lambda: self.claimed_by(sid, placement.host_id), claim_s)
         return placement
 
     async def send(self, sid: str, first: int, last: int) -> None:
@@ -153,6 +158,14 @@ class Stack:
         for svc in reversed(self.services):
             if not svc._stopping.is_set():
                 await svc.stop()
+
+
+@pytest.fixture
+async def stack(nats_server, nc, tmp_path):
+    """The stack, not yet started: a test starts it with the settings it needs (`await stack.start(...)`)."""
+    s = Stack(nc, nats_server.url, tmp_path)
+    yield s
+    await s.stop()
 
 
 async def crash(svc) -> None:
