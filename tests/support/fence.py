@@ -41,7 +41,8 @@ async def http():
 
 
 async def register(nc, session_id: str, **kw) -> str:
-    reply = await bus.request(nc, "sf.fence.register", RegisterRequest(
+    """Register a session at fence as admission does (`kw`: the request's other fields); its input token."""
+    reply = await bus.request(nc, names.FENCE_REGISTER, RegisterRequest(
         session_id=session_id, backend=kw.pop("backend", "toy"), seed=kw.pop("seed", 7), **kw), RegisterReply)
     return reply.token
 

@@ -14,7 +14,8 @@ from libs import bus, names
 from libs.contracts import Contract
 from libs.fence import block_journal
 from libs.schemas.engine import OutputChunk, SessionInfo, SessionRef
-from libs.schemas.fence import BlockEntry, MetaRequest, RegisterReply, RegisterRequest, SessionMeta
+from libs.schemas.fence import BlockEntry, MetaRequest, SessionMeta
+from tests.support import fence
 
 # T0: blocks never coalesced, bits reproducible. 50 ms blocks keep the test short on a busy CPU.
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T0", period_ms=50.0)
@@ -23,9 +24,9 @@ T1_CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", pe
 
 
 async def register(nc, sid: str, *, contract: Contract = CONTRACT, seed: int = 7) -> str:
-    req = RegisterRequest(session_id=sid, backend="avatar", seed=seed, prompt="narrator",
-                          contract=msgspec.msgpack.encode(contract), tier=1)
-    return (await bus.request(nc, names.FENCE_REGISTER, req, RegisterReply)).token
+    """An avatar session registered as admission registers it; its input token."""
+    return await fence.register(nc, sid, backend="avatar", seed=seed, prompt="narrator",
+                                contract=msgspec.msgpack.encode(contract), tier=1)
 
 
 async def meta(nc, sid: str) -> SessionMeta:

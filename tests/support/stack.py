@@ -1,14 +1,10 @@
-"""The in-process stack stack tests share (issue 22: one builder, not one per folder): fence, placement
+"""The in-process stack the stack tests share (issue 22: one builder, not one per folder): fence, placement
 instances and the mover in this process on the per-test nats-server, engine hosts as their own processes
 (so a test can SIGKILL, SIGSTOP or restart one). Failover, fleet, backend and WebRTC tests build on it."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -26,6 +22,7 @@ from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
 from services.placement.service import PlacementConfig, PlacementService
 from tests.support import ownership
+from tests.support.engine_hosts import EngineProcess
 from tests.support.waiting import eventually
 
 # A period far above what a block costs: admission prices a block at every stage (an avatar block: 25-90 ms
@@ -35,45 +32,11 @@ from tests.support.waiting import eventually
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=4000.0)
 
 
-class EngineProc:
-    """`statefleet serve engine_host` as `statefleet up` runs it, with quick checkpoints for the tests."""
-
-    def __init__(self, url: str, host_id: str, tmp: Path, config: Path | None = None, **env: str) -> None:
-        self.url, self.host_id, self.tmp, self.config, self.env = url, host_id, tmp, config, env
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> EngineProc:
-        env = {**os.environ, "SF_NATS_URL": self.url, "SF_HOST_ID": self.host_id, "SF_INSTANCE_ID": self.host_id,
-               "SF_PROFILE_BLOCKS": "1", "SF_TORCH_THREADS": "1", "SF_CHECKPOINT_DIR": str(self.tmp / "ckpt"),
-               "SF_CHECKPOINT_EVERY_S": "0.5", "SF_ORPHAN_GRACE_S": "1.0", "SF_LOG_JSON": "true", **self.env}
-        log = open(self.tmp / f"{self.host_id}.log", "ab")  # noqa: SIM115 - the child owns it
-        args = [sys.executable, "-m", "statefleet", "serve", "engine_host"]
-        if self.config is not None:  # a TOML file for what the environment cannot say (tables)
-            args += ["--config", str(self.config)]
-        self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        log.close()
-        return self
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-
-
 class Stack:
     def __init__(self, nc, url: str, tmp: Path) -> None:
         self.nc, self.js, self.url, self.tmp = nc, nc.jetstream(), url, tmp
         self.services: list = []
-        self.engines: dict[str, EngineProc] = {}
+        self.engines: dict[str, EngineProcess] = {}
         self.tokens: dict[str, str] = {}
 
     async def start(self, placements: int = 2, **placement_cfg) -> None:
@@ -98,7 +61,7 @@ class Stack:
         every placement instance sees it. Start-up profiles each backend, so a slow one (wan_causal's decoder
         takes seconds a block on a loaded machine) needs a longer `answer_s`."""
         for h in host_ids:
-            self.engines[h] = EngineProc(self.url, h, self.tmp, config, **env).start()
+            self.engines[h] = EngineProcess(self.url, h, self.tmp, config, **env).start()
         for h in host_ids:
             await eventually(lambda h=h: self.answers(h), answer_s, what=f"{h} answers")
             await eventually(lambda h=h: self.placements_see(h), seen_s)

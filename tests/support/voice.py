@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import msgspec
 
-from libs import bus, names
 from libs.contracts import Contract
 from libs.fence.ownership import assign
-from libs.schemas.fence import RegisterReply, RegisterRequest
 from services.engine_host.backends.talking_head import TalkingHeadBackend
 from statefleet.client import AvatarStream
+from tests.support import fence
 from tests.support.ownership import claimed_by
 from tests.support.waiting import STARTING, eventually
 
@@ -21,10 +20,11 @@ CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T0",
 
 
 async def register(nc, sid: str, seed: int = 5) -> str:
-    req = RegisterRequest(session_id=sid, backend="talking_head", seed=seed, prompt="presenter",
-                          contract=msgspec.msgpack.encode(CONTRACT), tier=1,
-                          input_kinds=sorted(BACKEND.input_kinds), max_input_bytes=BACKEND.max_input_bytes)
-    return (await bus.request(nc, names.FENCE_REGISTER, req, RegisterReply)).token
+    """A talking-head session registered as admission registers it (the backend's input kinds and size limit
+    with it); its input token."""
+    return await fence.register(nc, sid, backend="talking_head", seed=seed, prompt="presenter",
+                                contract=msgspec.msgpack.encode(CONTRACT), tier=1,
+                                input_kinds=sorted(BACKEND.input_kinds), max_input_bytes=BACKEND.max_input_bytes)
 
 
 def urls(fence_svc, sid: str) -> tuple[str, str]:
