@@ -97,8 +97,8 @@ async def same_process_move(leaves: list[torch.Tensor]) -> dict:
         SlotRequest,
         Verified,
     )
-    from tests.motion.dicthost import DictHost, tree_bytes
-    from tests.motion.test_endpoint import verb
+    from tests.support.dicthost import DictHost, tree_bytes
+    from tests.support.moves import verb
 
     server = NatsServer(store_dir=Path(tempfile.mkdtemp()) / "nats").start()
     try:

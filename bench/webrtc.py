@@ -137,7 +137,7 @@ async def run(quick: bool) -> dict:
     from playwright.async_api import Error as PlaywrightError
     from playwright.async_api import async_playwright
 
-    from tests.browser.conftest import chromium_path
+    from tests.support.browser import chromium_path
 
     rounds, seconds = (2, 8.0) if quick else (5, 20.0)
     with tempfile.TemporaryDirectory(prefix="bench-webrtc-") as tmp:

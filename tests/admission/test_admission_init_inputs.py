@@ -14,8 +14,8 @@ from libs import bus, names
 from libs.init_inputs import MAX_INIT_BYTES
 from libs.schemas.base import decode
 from libs.schemas.fence import MetaRequest, SessionMeta
-from tests.admission.fleet import rows
-from tests.admission.test_api import body, problem, records, sees
+from tests.support.admission import body, problem, records, sees
+from tests.support.fleet_rows import rows
 
 
 def image(w: int, h: int, extra: int = 0) -> dict:

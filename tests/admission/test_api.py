@@ -6,48 +6,11 @@ import asyncio
 
 import aiohttp
 import msgspec
-import nats.js.errors
 import pytest
 
-from libs.schemas.admission import CreateSession, SessionRecord
-from libs.schemas.base import decode
 from services.placement.service import PlacementConfig, PlacementService
-from tests.admission.conftest import ADMIN_TOKEN
+from tests.support.admission import ADMIN_TOKEN, body, create_body, problem, records, sees
 from tests.support.waiting import eventually
-
-PROBLEM = "application/problem+json"
-
-
-def body(**contract) -> dict:
-    c = {"session_class": "C1", "quality_floor": 4, "determinism": "T1", "period_ms": 100.0, **contract}
-    return {"contract": c, "backend": "world", "seed": 7, "prompt": "a quiet harbour"}
-
-
-async def problem(resp, status: int) -> dict:
-    assert resp.status == status, await resp.text()
-    assert resp.content_type == PROBLEM
-    p = await resp.json()
-    assert p["status"] == status and p["detail"] and "Traceback" not in p["detail"]
-    return p
-
-
-async def records(admission) -> dict[str, SessionRecord]:
-    try:
-        keys = await admission.records.keys()
-    except nats.js.errors.NoKeysError:
-        return {}
-    return {k: decode((await admission.records.get(k)).value, SessionRecord) for k in keys}
-
-
-def create_body(**contract) -> CreateSession:
-    return msgspec.convert(body(**contract), type=CreateSession)
-
-
-async def sees(admission, hosts: int = 1) -> None:
-    """Wait until admission's engine watch has delivered `hosts` live hosts."""
-    async def seen():
-        return len(admission.fleet_view().hosts) == hosts
-    await eventually(seen)
 
 
 async def test_create_admits_places_and_records_the_decision(http, admission, fleet):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from libs.contracts import Contract, Demand, Guard, Reservations, check_coherence, demand, estimate, floor_row
 from libs.errors import BadRequest
 from libs.schemas.common import EngineEntry, ProfileRow
-from tests.admission.fleet import GIB, c1, host, rows
+from tests.support.fleet_rows import GIB, c1, host, rows
 
 TIERS = {4, 8, 16}
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import aiohttp
 
 from libs.fence.ownership import read_owner
-from tests.admission.test_api import body, eventually, problem, sees
-from tests.fence.conftest import stored_items
+from tests.support.admission import body, problem, sees
+from tests.support.fence import stored_items
+from tests.support.waiting import eventually
 
 
 async def test_placed_session_is_registered_and_assigned_to_its_host(http, admission, fleet, fence):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from libs.contracts import Contract, Demand, Guard
 from services.admission.core import AdmissionCore, Candidate, Policy
-from tests.admission.fleet import GIB, c1, host
+from tests.support.fleet_rows import GIB, c1, host
 
 
 def core(capacity: int = 3, timeout_s: float = 10.0, settle_s: float = 5.0, **guard) -> AdmissionCore:

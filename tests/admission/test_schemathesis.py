@@ -8,23 +8,15 @@ schema and content type, never a 5xx.
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
-
 import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
-from libs import bus, names
-from libs.natsd import NatsServer
-from libs.schemas.base import encode
 from services.admission.openapi import OPENAPI
-from services.placement.service import PlacementConfig, PlacementService
-from tests.admission.conftest import ADMIN_TOKEN, admission_config
-from tests.admission.fleet import host
+from tests.support.admission import ADMIN_TOKEN, admission_config
+from tests.support.threaded_stack import ThreadedStack
 
 # A schema-valid create may still be refused: 422 for a contract incoherent with itself or with the
 # backends the fleet measures (rules a static JSON Schema cannot state), 429 while the queue is full.
@@ -39,56 +31,11 @@ schema = schemathesis.openapi.from_dict(OPENAPI, config=CONFIG).exclude(
     path="/v1/admin/sessions/{session_id}/move")
 
 
-class Stack:
-    """The services on a private loop in a daemon thread; `stop` undoes `start` in reverse."""
-
-    def __init__(self, store_dir) -> None:
-        self.server = NatsServer(store_dir=store_dir).start()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.base_url = self._run(self._start())
-
-    def _run(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
-
-    async def _start(self) -> str:
-        from services.admission.service import AdmissionService
-
-        self.placement = PlacementService(PlacementConfig(nats_url=self.server.url))
-        await self.placement.start()
-        self.admission = AdmissionService(admission_config(self.server.url, queue_capacity=4,
-                                                           queue_timeout_s=1.0, reservation_settle_s=1.0))
-        await self.admission.start()
-        self.nc = await bus.connect(self.server.url, name="engines")
-        self.engines = await bus.ensure_kv(self.nc.jetstream(), names.ENGINES_BUCKET, ttl_s=6.0)
-        self.beating = asyncio.create_task(self._beat())
-        return f"http://127.0.0.1:{self.admission.http_port}"
-
-    async def _beat(self) -> None:
-        while True:
-            for h, busy in (("h0", 0.5), ("h1", 0.8)):
-                await self.engines.put(h, encode(host(h, busy=busy, at=time.time())))
-            await asyncio.sleep(0.5)
-
-    async def _stop(self) -> None:
-        self.beating.cancel()
-        await asyncio.gather(self.beating, return_exceptions=True)
-        await self.nc.close()
-        await self.admission.stop()
-        await self.placement.stop()
-
-    def stop(self) -> None:
-        self._run(self._stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.loop.close()
-        self.server.stop()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("nats"))
+    s = ThreadedStack(tmp_path_factory.mktemp("nats"), busy={"h0": 0.5, "h1": 0.8},
+                      admission=lambda url: admission_config(url, queue_capacity=4, queue_timeout_s=1.0,
+                                                             reservation_settle_s=1.0))
     yield s
     s.stop()
 

@@ -18,15 +18,12 @@ import torch
 
 from libs import bus, names
 from libs.contracts import Contract
-from libs.fence.ownership import assign
 from libs.schemas.engine import Advance, OutputChunk, SessionInfo, SessionInit
-from libs.schemas.fence import RegisterReply, RegisterRequest
 from libs.schemas.motion import MoveReceipt, MoveRequest
-from libs.schemas.placement import Placement, PlaceRequest
 from services.engine_host.backends.base import advance
 from services.engine_host.backends.wan_causal import WanCausalBackend, WanCausalConfig
 from services.engine_host.output import assemble
-from tests.support.stack import EngineProc, Stack
+from tests.support.stack import Stack
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
@@ -63,34 +60,18 @@ def control(blocks: int) -> list[torch.Tensor]:
         torch.set_num_threads(threads)
 
 
-@pytest.fixture
-async def stack(nats_server, nc, tmp_path):
-    s = Stack(nc, nats_server.url, tmp_path)
-    yield s
-    await s.stop()
-
-
-async def engines_up(stack: Stack, path, *host_ids: str) -> None:
-    """As `Stack.engines_up`, with a start-up deadline for hosts that also profile wan_causal (its
-    decoder alone takes seconds a block on a loaded 2-core machine). No checkpoint during the test:
-    the replacement regenerates every journaled block."""
-    for h in host_ids:
-        stack.engines[h] = EngineProc(stack.url, h, stack.tmp, SF_BACKEND_CONFIGS=str(path),
-                                      SF_CHECKPOINT_EVERY_S="3600").start()
-    for h in host_ids:
-        await eventually(lambda h=h: stack.answers(h), 600)
-        await eventually(lambda h=h: stack.placements_see(h), 60)
+def engines_up(stack: Stack, path, *host_ids: str):
+    """Engine hosts that also profile wan_causal (its decoder alone takes seconds a block on a loaded 2-core
+    machine), so a longer start-up deadline. No checkpoint during the test: the replacement regenerates every
+    journaled block."""
+    return stack.engines_up(*host_ids, answer_s=600, seen_s=60, SF_BACKEND_CONFIGS=str(path),
+                            SF_CHECKPOINT_EVERY_S="3600")
 
 
 async def create(stack: Stack) -> str:
     """Register, place and assign the session as admission does; the host it went to."""
-    req = RegisterRequest(session_id=SID, backend="wan_causal", seed=SEED, prompt=PROMPT,
-                          contract=msgspec.msgpack.encode(CONTRACT), tier=2)
-    await bus.request(stack.nc, names.FENCE_REGISTER, req, RegisterReply)
-    placement = await bus.request(stack.nc, names.PLACEMENT_PLACE, PlaceRequest(
-        session_id=SID, backend="wan_causal", contract=CONTRACT), Placement)
-    await assign(stack.nc, SID, placement.host_id, incarnation=placement.incarnation)
-    await eventually(lambda: stack.claimed_by(SID, placement.host_id), 60)
+    placement = await stack.create(SID, contract=CONTRACT, backend="wan_causal", seed=SEED, prompt=PROMPT, tier=2,
+                                   claim_s=60)
     return placement.host_id
 
 

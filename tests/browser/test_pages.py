@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.browser.conftest import ADMIN_TOKEN, session_page_in
+from tests.support.browser import session_page_in
+from tests.support.web_stack import ADMIN_TOKEN
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 XSS = '<img src=x onerror="window.__xss = 1">'

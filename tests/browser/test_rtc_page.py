@@ -12,8 +12,8 @@ import pytest
 import pytest_asyncio
 
 from bench import webrtc_sync
-from tests.browser.conftest import ADMIN_TOKEN, session_page_in
-from tests.webrtc.conftest import live_move
+from tests.support.browser import session_page_in
+from tests.support.web_stack import ADMIN_TOKEN, live_move
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 WAIT_MS = 30_000

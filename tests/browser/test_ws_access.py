@@ -13,7 +13,7 @@ from libs.fence import ownership
 from libs.schemas.base import decode, encode
 from libs.schemas.engine import OutputChunk
 from services.fence.egress import Outbox
-from tests.fence.conftest import engine, register, start_fence
+from tests.support.fence import engine, register, start_fence
 
 PAGE = "http://127.0.0.1:8700"
 
@@ -23,12 +23,6 @@ async def fence(nats_server):
     service = await start_fence(nats_server.url, "fence-web", allowed_origins=f"{PAGE}, http://localhost:8700")
     yield service
     await service.stop()
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def url(fence, sid: str, path: str) -> str:

@@ -21,7 +21,7 @@ from libs import bus, names
 from libs.fence.ownership import read_owner
 from libs.schemas.engine import SessionInfo, SessionRef
 from libs.schemas.fence import Assign, Owner, Release
-from tests.chaos.conftest import assert_clean, record
+from tests.support.chaos import assert_clean, record
 
 pytestmark = pytest.mark.chaos
 

@@ -16,7 +16,7 @@ from bench.failover import Hog
 from libs import bus, names
 from libs.fence.ownership import read_owner
 from libs.schemas.engine import OutputChunk
-from tests.chaos.conftest import assert_clean, record
+from tests.support.chaos import assert_clean, record
 
 pytestmark = pytest.mark.chaos
 

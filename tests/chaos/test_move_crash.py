@@ -16,7 +16,7 @@ from bench.frontend import c1_contract, open_session
 from libs import bus, names
 from libs.fence.ownership import read_owner
 from libs.schemas.motion import MoveReceipt, MoveRequest
-from tests.chaos.conftest import assert_clean, record
+from tests.support.chaos import assert_clean, record
 
 pytestmark = pytest.mark.chaos
 

@@ -15,7 +15,7 @@ import pytest
 
 from libs import bus_auth, names
 from libs.natsd import NatsServer, free_port
-from tests.chaos.conftest import LOGS, assert_clean, record
+from tests.support.chaos import LOGS, assert_clean, record
 
 pytestmark = pytest.mark.chaos
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tests.chaos.conftest import assert_clean, record
+from tests.support.chaos import assert_clean, record
 
 pytestmark = pytest.mark.chaos
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -12,10 +10,7 @@ from libs.errors import BadRequest, TooLarge
 from libs.schemas.common import InputItem
 from libs.schemas.engine import SessionInit
 from services.engine_host.backends import AvatarBackend, WorldBackend, WorldConfig, advance
-
-
-def item(kind: str, value, seq: int = 1) -> InputItem:
-    return InputItem(session_id="s", seq=seq, kind=kind, data=json.dumps(value).encode())
+from tests.support.items import item
 
 
 def run(backend, seed: int, inputs_per_block: list[list], tier: int):

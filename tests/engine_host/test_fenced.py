@@ -6,32 +6,15 @@ from __future__ import annotations
 import json
 
 import aiohttp
-import msgspec
 
 from libs import bus, names
-from libs.contracts import Contract
-from libs.fence.ownership import assign, read_owner
-from libs.schemas.fence import MetaRequest, RegisterReply, RegisterRequest, SessionMeta
-from services.engine_host.service import EngineHostConfig, EngineHostService
+from libs.fence.ownership import assign
+from libs.schemas.fence import MetaRequest, SessionMeta
 from services.fence.service import FenceService
+from tests.support.engine_hosts import start_host
+from tests.support.ownership import claimed_by
+from tests.support.recovery import T1_CONTRACT, register
 from tests.support.waiting import eventually
-
-CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=50.0)
-
-
-async def start_host(url: str, host_id: str, tmp_path, **kw) -> EngineHostService:
-    base = dict(nats_url=url, host_id=host_id, heartbeat_s=0.5, profile_blocks=1,
-                checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_s=0.3, orphan_grace_s=0.5, log_json=False)
-    cfg = EngineHostConfig(**{**base, **kw})
-    svc = EngineHostService(cfg)
-    await svc.start()
-    return svc
-
-
-async def register(nc, sid: str) -> str:
-    req = RegisterRequest(session_id=sid, backend="avatar", seed=3, prompt="narrator",
-                          contract=msgspec.msgpack.encode(CONTRACT), tier=1)
-    return (await bus.request(nc, names.FENCE_REGISTER, req, RegisterReply)).token
 
 
 async def post_items(fence: FenceService, sid: str, token: str, texts: list[str], *, first_seq: int) -> None:
@@ -44,17 +27,12 @@ async def post_items(fence: FenceService, sid: str, token: str, texts: list[str]
                 assert await resp.json() == {"session_id": sid, "seq": seq}
 
 
-async def claimed_by(js, sid: str, host_id: str) -> bool:
-    view = (await read_owner(js, sid)).view
-    return view.claim is not None and view.claim == view.owner and view.owner.server_id == host_id
-
-
 async def test_assigned_session_is_claimed_and_takes_only_fenced_input(nats_server, nc, fence, tmp_path):
     host = await start_host(nats_server.url, "h1", tmp_path)
     try:
-        token = await register(nc, "s1")
+        token = await register(nc, "s1", contract=T1_CONTRACT, seed=3)
         await assign(nc, "s1", "h1")
-        await eventually(lambda: claimed_by(nc.jetstream(), "s1", "h1"))
+        await eventually(lambda: claimed_by(nc, "s1", "h1"))
         await post_items(fence, "s1", token, [f"line {i}" for i in range(1, 6)], first_seq=1)
 
         async def consumed():
@@ -67,13 +45,12 @@ async def test_assigned_session_is_claimed_and_takes_only_fenced_input(nats_serv
 
 
 async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats_server, nc, fence, tmp_path):
-    js = nc.jetstream()
     h1 = await start_host(nats_server.url, "h1", tmp_path)
     h2 = await start_host(nats_server.url, "h2", tmp_path, checkpoint_every_s=300.0)
     try:
-        token = await register(nc, "s2")
+        token = await register(nc, "s2", contract=T1_CONTRACT, seed=3)
         await assign(nc, "s2", "h1")
-        await eventually(lambda: claimed_by(js, "s2", "h1"))
+        await eventually(lambda: claimed_by(nc, "s2", "h1"))
         await post_items(fence, "s2", token, [json.dumps(i) for i in range(1, 6)], first_seq=1)
 
         async def checkpointed():
@@ -89,7 +66,7 @@ async def test_failover_restores_the_checkpoint_and_applies_every_item_once(nats
         await post_items(fence, "s2", token, [json.dumps(i) for i in range(6, 9)], first_seq=6)
         meta = await bus.request(nc, names.FENCE_META, MetaRequest(session_id="s2"), SessionMeta)
         await assign(nc, "s2", "h2")
-        await eventually(lambda: claimed_by(js, "s2", "h2"))
+        await eventually(lambda: claimed_by(nc, "s2", "h2"))
 
         async def caught_up():
             rt = h2.runtime

@@ -15,8 +15,8 @@ from libs.schemas.base import decode, encode
 from libs.schemas.common import SessionSummary
 from libs.schemas.placement import DrainReport, HostRecord, HostRequest, Placement, PlaceRequest
 from statefleet.status import print_status
-from tests.admission.fleet import c1, host
-from tests.fence.invariants import check_log, read_log
+from tests.support.fleet_rows import c1, host
+from tests.support.invariants import check_log, read_log
 from tests.support.waiting import eventually
 
 ONE_EACH = Guard(max_sessions=1)

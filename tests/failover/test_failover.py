@@ -1,6 +1,6 @@
 """Host failover on a real stack: engine hosts are processes that die by SIGKILL, stop by SIGSTOP, or restart.
 
-Each test checks the fencing invariants over every session's whole log (tests/fence/invariants.py), and that
+Each test checks the fencing invariants over every session's whole log (tests/support/invariants.py), and that
 the new owner's state folded in every accepted item exactly once (the runtime refuses gaps and duplicates,
 so `consumed_seq == input_cursor == n` means items 1..n each came once)."""
 
@@ -20,7 +20,7 @@ from libs.schemas.fence import AssignRequest, MetaRequest, SessionMeta
 from libs.schemas.motion import MoveReceipt, MoveRequest
 from services.fence import ownership_log
 from services.fence.service import FenceConfig, FenceService
-from tests.fence.invariants import check_log, read_log
+from tests.support.invariants import check_log, read_log
 from tests.support.stack import crash
 from tests.support.waiting import eventually
 

@@ -19,7 +19,7 @@ from libs.contracts import Contract
 from libs.fence import block_journal
 from libs.fence.replay import replay_plan
 from libs.schemas.engine import OutputChunk
-from tests.fence.invariants import check_log, read_log
+from tests.support.invariants import check_log, read_log
 from tests.support.waiting import eventually
 
 # A period for the slow owner to miss: its denoise stage takes SLOW_S longer than the period. Admission

@@ -12,7 +12,7 @@ import asyncio
 
 from libs.fence import ownership, session_log
 from libs.fence.client import EngineClient
-from tests.fence.conftest import register, start_fence
+from tests.support.fence import register, start_fence
 from tests.support.waiting import eventually
 
 UNAPPLIED, PENDING = 4, 6

@@ -16,8 +16,8 @@ from libs import bus, errors, names
 from libs.fence import ownership
 from libs.fence.client import EngineClient
 from libs.schemas.fence import Claim, ClaimReply, ClaimRequest
-from tests.fence.conftest import register, start_fence
-from tests.fence.invariants import read_log
+from tests.support.fence import register, start_fence
+from tests.support.invariants import read_log
 
 SID = "claim-1"
 

@@ -8,7 +8,7 @@ import json
 import random
 
 from libs.fence import ownership
-from tests.fence.conftest import burst, engine, post, register, start_fence, stored_items
+from tests.support.fence import burst, engine, post, register, start_fence, stored_items
 from tests.support.waiting import eventually
 
 

@@ -9,7 +9,7 @@ import aiohttp
 from libs import names
 from libs.schemas.base import decode, encode
 from libs.schemas.engine import OutputChunk
-from tests.fence.conftest import register
+from tests.support.fence import register
 
 
 def chunk(block: int) -> OutputChunk:

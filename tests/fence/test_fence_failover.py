@@ -12,8 +12,8 @@ import aiohttp
 from libs import bus
 from libs.fence import ownership
 from services.fence.input_reads import read_items
-from tests.fence.conftest import engine, post, register, start_fence
-from tests.fence.invariants import check_log, read_log
+from tests.support.fence import engine, post, register, start_fence
+from tests.support.invariants import check_log, read_log
 from tests.support.waiting import eventually
 
 SESSIONS = ("f0", "f1", "f2")

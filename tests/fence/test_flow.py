@@ -1,7 +1,7 @@
 from libs.fence import ownership
 from libs.schemas.base import decode
 from libs.schemas.common import SessionSummary
-from tests.fence.conftest import engine, post, register
+from tests.support.fence import engine, post, register
 from tests.support.waiting import eventually
 
 

@@ -21,7 +21,7 @@ from libs.schemas.common import InputItem
 from libs.schemas.fence import InputBatch
 from services.fence.input_reads import read_items
 from services.fence.inputs import InputAppender, Stored
-from tests.fence.conftest import (
+from tests.support.fence import (
     burst,
     engine,
     frame,

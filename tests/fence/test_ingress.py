@@ -8,7 +8,7 @@ from libs import bus, errors
 from libs.fence import ownership, session_log
 from libs.schemas.fence import CheckpointRequest, CloseReply, CloseRequest, MetaRequest, SessionMeta
 from services.fence.input_reads import read_items
-from tests.fence.conftest import engine, post, register, start_fence
+from tests.support.fence import engine, post, register, start_fence
 from tests.support.waiting import eventually
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from libs import bus, errors
 from libs.fence import ownership
-from tests.fence.conftest import engine, post, register, start_fence
-from tests.fence.invariants import check_log, read_log
+from tests.support.fence import engine, post, register, start_fence
+from tests.support.invariants import check_log, read_log
 from tests.support.waiting import eventually
 
 SESSIONS = ("r0", "r1", "r2")

@@ -17,7 +17,7 @@ from libs.errors import Conflict
 from libs.fence import core, ownership
 from libs.fence.client import EngineClient
 from libs.schemas.fence import ClaimReply, ClaimRequest, MetaRequest, SessionMeta, SessionView
-from tests.fence.conftest import register
+from tests.support.fence import register
 
 
 async def test_a_checkpoint_behind_the_recorded_one_is_refused_and_changes_nothing(nc, fence):

@@ -4,7 +4,7 @@ state leaves the device), and new input resumes it with the state it had, bit fo
 from __future__ import annotations
 
 from libs.contracts import Contract
-from tests.fleet.conftest import advance, configure, create, fingerprint
+from tests.support.fleet import advance, configure, fingerprint
 from tests.support.waiting import eventually
 
 BULK = Contract(session_class="C3", quality_floor=1, determinism="T0")  # runs blocks only when advanced
@@ -13,7 +13,7 @@ BULK = Contract(session_class="C3", quality_floor=1, determinism="T0")  # runs b
 async def test_an_idle_session_suspends_and_resumes_bit_exact_on_new_input(stack):
     await stack.start(fleet_control=True, control_s=0.2, keep_warm_s=1.0, rebalance=False)
     await stack.engines_up("e0")
-    host = await create(stack, "idle", BULK)
+    host = (await stack.create("idle", contract=BULK)).host_id
     await stack.send("idle", 1, 2)
     await eventually(lambda: _cursor(stack, host, "idle", 2))  # both items pending before any block runs
     await advance(stack, host, "idle", 2)
@@ -30,7 +30,7 @@ async def test_an_idle_session_suspends_and_resumes_bit_exact_on_new_input(stack
     assert info.input_cursor == 3
     assert await fingerprint(stack, host, "idle") == before
     configure(stack, keep_warm_s=0.0)  # offload off: the reference below never suspends
-    ref_host = await create(stack, "ref", BULK)  # the same session, with the same input, never suspended
+    ref_host = (await stack.create("ref", contract=BULK)).host_id  # the same session, with the same input, never suspended
 
     await stack.send("ref", 1, 2)
     await eventually(lambda: _cursor(stack, ref_host, "ref", 2))

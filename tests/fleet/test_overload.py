@@ -17,7 +17,7 @@ import aiohttp
 from libs import bus, names
 from libs.schemas.base import decode
 from libs.schemas.common import SessionSummary
-from tests.fleet.conftest import holder
+from tests.support.fleet import holder
 from tests.support.stack import CONTRACT
 from tests.support.waiting import eventually
 

@@ -4,8 +4,8 @@ through the mover to the idle host, with every input applied exactly once across
 from __future__ import annotations
 
 from libs.contracts import Contract
-from tests.fence.invariants import check_log, read_log
-from tests.fleet.conftest import configure, holder
+from tests.support.fleet import configure, holder
+from tests.support.invariants import check_log, read_log
 from tests.support.waiting import eventually
 
 SIDS = ["r0", "r1", "r2"]

@@ -9,8 +9,8 @@ import time
 from libs.contracts import Guard
 from services.placement.policy import StopHost
 from services.placement.provisioning.sim import SimProvisioner
-from tests.fence.invariants import check_log, read_log
-from tests.fleet.conftest import configure
+from tests.support.fleet import configure
+from tests.support.invariants import check_log, read_log
 from tests.support.waiting import eventually
 
 ONE_EACH = Guard(max_sessions=1)

@@ -8,8 +8,17 @@ import asyncio
 import aiohttp
 
 from libs.fence.ownership import read_owner
-from tests.admission.conftest import ADMIN_TOKEN, admission_config, fleet, placement, start_admission  # noqa: F401
-from tests.admission.test_api import body, eventually, problem, sees
+from tests.support.admission import (  # noqa: F401
+    ADMIN_TOKEN,
+    admission_config,
+    body,
+    fleet,
+    placement,
+    problem,
+    sees,
+    start_admission,
+)
+from tests.support.waiting import eventually
 
 
 def auth(key: str) -> dict[str, str]:

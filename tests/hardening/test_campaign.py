@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from urllib.parse import quote
 
@@ -22,69 +21,37 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
-from libs import bus, names
-from libs.natsd import NatsServer
-from libs.schemas.base import encode
-from services.admission.service import AdmissionConfig, AdmissionService
-from services.fence.service import FenceConfig, FenceService
-from services.placement.service import PlacementConfig, PlacementService
-from tests.admission.fleet import host
-from tests.fence.conftest import engine, register
+from libs.fence.ownership import assign
+from services.admission.service import AdmissionConfig
+from tests.support.fence import engine, register
+from tests.support.threaded_stack import ThreadedStack
 
 ADMIN = "campaign-admin-token"
 RESET = 0  # the connection was closed on a request that was not HTTP or whose body was too large
 BREAKS = ["\n", "\r", "\x00", "\u2028", "\u0085", "\r\n", "%", "/", ".", " "]
 
 
-class Stack:
-    def __init__(self, store_dir) -> None:
-        self.server = NatsServer(store_dir=store_dir).start()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.run(self._start())
+class Stack(ThreadedStack):
+    """The shared threaded stack with fence, and a control session registered, claimed by a real consumer
+    and fed throughout."""
 
-    def run(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+    def __init__(self, store_dir) -> None:
+        super().__init__(store_dir, busy={"h0": 0.2}, fence=dict(http_port=0, log_json=False, max_item_bytes=4096),
+                         admission=lambda url: AdmissionConfig(
+                             nats_url=url, http_port=0, admin_token=ADMIN, api_keys={"acme": "acme-key"},
+                             max_sessions_per_tenant=3, queue_capacity=4, queue_timeout_s=1.0,
+                             reservation_settle_s=1.0, log_json=False))
 
     async def _start(self) -> None:
-        url = self.server.url
-        self.fence = FenceService(FenceConfig(nats_url=url, http_port=0, log_json=False, max_item_bytes=4096))
-        await self.fence.start()
-        self.placement = PlacementService(PlacementConfig(nats_url=url))
-        await self.placement.start()
-        self.admission = AdmissionService(AdmissionConfig(
-            nats_url=url, http_port=0, admin_token=ADMIN, api_keys={"acme": "acme-key"}, max_sessions_per_tenant=3,
-            queue_capacity=4, queue_timeout_s=1.0, reservation_settle_s=1.0, log_json=False))
-        await self.admission.start()
-        self.nc = await bus.connect(url, name="campaign")
-        self.engines = await bus.ensure_kv(self.nc.jetstream(), names.ENGINES_BUCKET, ttl_s=6.0)
-        self.beating = asyncio.create_task(self._beat())
-        # the control session: registered, claimed by a real consumer, fed throughout
+        await super()._start()
         self.control_token = await register(self.nc, "control", backend="avatar", input_kinds=["text"])
         self.toy = await engine(self.nc, "toy")
-        from libs.fence.ownership import assign
         await assign(self.nc, "control", "toy")
         await self.toy.adopt("control", 1)
 
-    async def _beat(self) -> None:
-        while True:
-            await self.engines.put("h0", encode(host("h0", busy=0.2, at=time.time())))
-            await asyncio.sleep(0.5)
-
     async def _stop(self) -> None:
-        self.beating.cancel()
-        await asyncio.gather(self.beating, return_exceptions=True)
         await self.toy.stop()
-        await self.nc.close()
-        for svc in (self.admission, self.placement, self.fence):
-            await svc.stop()
-
-    def stop(self) -> None:
-        self.run(self._stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.server.stop()
+        await super()._stop()
 
     def connected(self) -> dict[str, bool]:
         return {s.name: s.nc.is_connected and s.nc.stats["reconnects"] == 0

@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.fence.conftest import fence, http, post, register, stored_items  # noqa: F401
+from tests.support.fence import fence, http, post, register, stored_items  # noqa: F401
 
 # Control and Unicode line-break characters, each of which a `$`-anchored `re.match` or a NATS
 # protocol line would treat specially.

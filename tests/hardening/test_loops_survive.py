@@ -16,7 +16,7 @@ from libs.schemas.base import encode
 from libs.schemas.common import InputItem
 from libs.schemas.fence import AssignNotice, InputBatch
 from services.fence.gateway import CONSUMER
-from tests.fence.conftest import engine, fence, register  # noqa: F401
+from tests.support.fence import engine, fence, register  # noqa: F401
 from tests.support.waiting import eventually
 
 

@@ -13,7 +13,6 @@ import asyncio
 import base64
 import contextlib
 import os
-import re
 import socket
 import time
 
@@ -22,7 +21,8 @@ import pytest
 
 from libs import names
 from libs.ws_limits import CLOSE_IDLE
-from tests.fence.conftest import register, start_fence
+from tests.support.fence import register, start_fence
+from tests.support.metrics import refused
 
 SID = "a" * 32
 TIGHT = dict(http_head_timeout_s=0.5, http_body_timeout_s=0.5, http_idle_timeout_s=0.8, http_max_connections=3,
@@ -34,15 +34,6 @@ async def fence(nats_server):
     service = await start_fence(nats_server.url_for("fence"), "fence-limits", **TIGHT)
     yield service
     await service.stop()
-
-
-async def refused(service, metric: str, reason: str) -> float:
-    """The summed value of `metric` series with this reason, scraped from the service's /metrics."""
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://127.0.0.1:{service.metrics_port}/metrics") as resp:
-            text = await resp.text()
-    pattern = re.compile(rf'^{metric}\{{[^}}]*reason="{reason}"[^}}]*\}} (\S+)$', re.M)
-    return sum(float(v) for v in pattern.findall(text))
 
 
 async def read_all(reader: asyncio.StreamReader, timeout_s: float) -> bytes:

@@ -12,8 +12,10 @@ from libs import names
 from libs.fence.ownership import assign
 from libs.schemas.base import decode
 from libs.schemas.engine import OutputChunk
-from tests.engine_host.conftest import one_torch_thread  # noqa: F401  (autouse: one torch thread)
-from tests.engine_host.test_fenced import claimed_by, eventually, register, start_host  # noqa: F401
+from tests.support.engine_hosts import one_torch_thread, start_host  # noqa: F401  (autouse: one torch thread)
+from tests.support.ownership import claimed_by
+from tests.support.recovery import T1_CONTRACT, register
+from tests.support.waiting import eventually
 
 
 async def post(fence_svc, sid: str, token: str, body: dict) -> tuple[int, dict]:
@@ -24,7 +26,6 @@ async def post(fence_svc, sid: str, token: str, body: dict) -> tuple[int, dict]:
 
 async def test_a_poison_item_is_skipped_reported_and_never_stops_the_session_or_its_successor(
         nats_server, nc, fence, tmp_path):  # noqa: F811
-    js = nc.jetstream()
     rejected: list[dict] = []
 
     async def on_output(msg) -> None:
@@ -36,9 +37,10 @@ async def test_a_poison_item_is_skipped_reported_and_never_stops_the_session_or_
     h1 = await start_host(nats_server.url, "h1", tmp_path, checkpoint_every_s=300.0)
     h2 = await start_host(nats_server.url, "h2", tmp_path, checkpoint_every_s=300.0)
     try:
-        token = await register(nc, "p1")  # registered without input kinds: ingress cannot refuse for the backend
+        # registered without input kinds: ingress cannot refuse for the backend
+        token = await register(nc, "p1", contract=T1_CONTRACT, seed=3)
         await assign(nc, "p1", "h1")
-        await eventually(lambda: claimed_by(js, "p1", "h1"))
+        await eventually(lambda: claimed_by(nc, "p1", "h1"))
         # seq 2 is a json item an avatar cannot take; seq 4 is text too long for it
         bodies = [{"kind": "text", "data": "one"}, {"kind": "json", "data": {"x": 1}},
                   {"kind": "text", "data": "three"}, {"kind": "text", "data": "x" * 1000},
@@ -60,7 +62,7 @@ async def test_a_poison_item_is_skipped_reported_and_never_stops_the_session_or_
         await h1.assignments.stop()
         await h1.nc.close()
         await assign(nc, "p1", "h2")
-        await eventually(lambda: claimed_by(js, "p1", "h2"))
+        await eventually(lambda: claimed_by(nc, "p1", "h2"))
         assert await post(fence, "p1", token, {"kind": "text", "data": json.dumps("six")}) == \
             (200, {"session_id": "p1", "seq": 6})
         await eventually(lambda: consumed(h2, 6))

@@ -7,22 +7,19 @@ import asyncio
 import msgspec
 import pytest
 
-from libs import bus, names
+from libs import bus
 from libs.errors import BadRequest, Conflict, IntegrityError, NotFound
 from libs.motion import crc, inprocess, manifest
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.motion import (
-    AdmitMove,
-    AdmitVerdict,
     Manifest,
-    Migrate,
-    MigrateResult,
     RegisterState,
     SlotDone,
     SlotRequest,
     Verified,
 )
-from tests.motion.dicthost import DictHost, make_tree, tree_bytes
+from tests.support.dicthost import DictHost, make_tree, tree_bytes
+from tests.support.moves import admit, finish, migrate, verb
 
 
 @pytest.fixture
@@ -34,29 +31,6 @@ async def pair(nc):
     yield a, b, ea, eb
     await ea.stop()
     await eb.stop()
-
-
-def verb(host: str, name: str) -> str:
-    return names.engine_subject(host, name)
-
-
-async def admit(nc, m: Manifest, move_id: str, **kw) -> AdmitVerdict:
-    req = dict(session_id=m.session_id, move_id=move_id, state_bytes=m.total_bytes, dirty_rate_bps=0.0,
-               horizon_s=10.0, bandwidth_bps=1e9) | kw
-    return await bus.request(nc, verb("b", "admit"), AdmitMove(**req), AdmitVerdict)
-
-
-async def migrate(nc, v: AdmitVerdict, move_id: str, **kw) -> MigrateResult:
-    req = dict(session_id="s", move_id=move_id, dest_host="b", dest_addr=v.data_addr, token=v.token,
-               chunk_bytes=32 << 10) | kw
-    return await bus.request(nc, verb("a", "migrate"), Migrate(**req), MigrateResult, timeout_s=30)
-
-
-async def finish(nc, move_id: str, m: Manifest) -> None:
-    slot = SlotRequest(session_id="s", move_id=move_id, manifest=m)
-    assert (await bus.request(nc, verb("b", "verify"), slot, Verified)).ok
-    await bus.request(nc, verb("b", "commit"), slot, SlotDone)
-    await bus.request(nc, verb("a", "commit"), SlotRequest(session_id="s", move_id=move_id), SlotDone)
 
 
 @pytest.mark.parametrize("path,codec,planes", [("tcp", "none", False), ("tcp", "zstd", True), ("tcp", "lz4", False),

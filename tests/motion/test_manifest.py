@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from libs.errors import BadRequest
 from libs.motion import crc, manifest
-from tests.motion.dicthost import make_tree, tree_bytes
+from tests.support.dicthost import make_tree, tree_bytes
 
 
 @given(st.lists(st.binary(max_size=3000), min_size=1, max_size=6))

@@ -8,8 +8,8 @@ from libs import bus
 from libs.motion import inprocess, mooncake
 from libs.motion.endpoint import MotionEndpoint
 from libs.schemas.motion import Manifest, RegisterState
-from tests.motion.dicthost import DictHost, make_tree, tree_bytes
-from tests.motion.test_endpoint import admit, finish, migrate, verb
+from tests.support.dicthost import DictHost, make_tree, tree_bytes
+from tests.support.moves import admit, finish, migrate, verb
 
 pytestmark = pytest.mark.skipif(
     mooncake.TransferEngine is None,

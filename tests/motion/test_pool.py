@@ -11,7 +11,7 @@ import os
 
 from libs.motion import pool
 from libs.motion.endpoint import MotionEndpoint
-from tests.motion.dicthost import DictHost
+from tests.support.dicthost import DictHost
 
 
 def staging_fds() -> int:

@@ -21,9 +21,9 @@ from libs.motion.sender import chunk_grid, leaf_crcs_from_chunks
 from libs.motion.shm import ShmChannel
 from libs.motion.slot import staged_digest
 from libs.schemas.motion import Manifest, RegisterState, SlotRequest, Verified
-from tests.motion.dicthost import DictHost, make_tree, tree_bytes
 from tests.motion.shm_peer import CHUNK, state
-from tests.motion.test_endpoint import admit, finish, migrate, verb
+from tests.support.dicthost import DictHost, make_tree, tree_bytes
+from tests.support.moves import admit, finish, migrate, verb
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from libs.schemas.common import Ping, Pong
 from libs.schemas.motion import MoveReceipt, MoveRequest, Verified
 from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
-from tests.motion.dicthost import DictHost, advance, make_tree, tree_bytes
+from tests.support.dicthost import DictHost, advance, make_tree, tree_bytes
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from services.placement.config import PlacementConfig
 from services.placement.controller import FleetController
 from services.placement.drainer import Drainer
 from services.placement.relocation import Relocation
-from tests.admission.fleet import c1
+from tests.support.fleet_rows import c1
 
 GUARD = Guard(busy_fraction=0.1, memory_fraction=0.05, max_sessions=16)
 LOG = structlog.get_logger("tests.placement.parts")

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from libs import admissibility
 from libs.contracts import Demand, Guard
 from services.placement.policy import Fleet, Host, Params, PathRates, Session
-from tests.admission.fleet import GIB, c1, host, rows
+from tests.support.fleet_rows import GIB, c1, host, rows
 
 FAST = admissibility.gbps(100)
 PATHS = PathRates(default_bps=FAST)
 PARAMS = Params(guard=Guard(busy_fraction=0.1, memory_fraction=0.05, max_sessions=16), keep_warm_s=0.0,
                 warm_pool_hosts=0, warm_pool_frac=0.0)
-SHARE = {4: 0.1, 8: 0.2, 16: 0.4}  # quantum / period for the rows of tests.admission.fleet at 100 ms
+SHARE = {4: 0.1, 8: 0.2, 16: 0.4}  # quantum / period for the rows of tests.support.fleet_rows at 100 ms
 
 
 def sess(sid: str, host_id: str = "", *, floor: int = 8, state: str | None = None, moves: tuple[float, ...] = (),
@@ -39,3 +41,17 @@ def fleet(hosts: dict[str, list[Session]], *, queued: tuple[Session, ...] = (), 
 
 
 ROWS = rows()
+
+
+def measured(f, **loads: float):
+    """The fleet with each named host's measured load (what its stages ran), and the rest as priced."""
+    hosts = tuple(msgspec.structs.replace(h, entry=msgspec.structs.replace(
+        h.entry, measured_fraction=loads.get(h.host_id, h.entry.busy_fraction))) for h in f.hosts)
+    return msgspec.structs.replace(f, hosts=hosts)
+
+
+def shared(f, *host_ids: str):
+    """The named hosts on one machine's CPU: one device."""
+    hosts = tuple(msgspec.structs.replace(h, entry=msgspec.structs.replace(h.entry, machine="m", device="cpu"))
+                  if h.host_id in host_ids else h for h in f.hosts)
+    return msgspec.structs.replace(f, hosts=hosts)

@@ -15,7 +15,7 @@ import pytest
 from libs import bus, names
 from libs.schemas.base import encode
 from services.placement.service import PlacementConfig, PlacementService
-from tests.admission.fleet import host
+from tests.support.fleet_rows import host
 
 HEARTBEAT_S = 0.5
 GRACE_S = 4.0

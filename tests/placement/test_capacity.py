@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from libs.contracts import Demand, Guard
 from libs.schemas.placement import HostRecord
 from services.placement import capacity
-from tests.admission.fleet import c1, host
+from tests.support.fleet_rows import c1, host
 
 GUARD = Guard(max_sessions=8)
 SETTLE = 5.0

@@ -11,7 +11,7 @@ from libs.contracts import Guard
 from libs.schemas.placement import HostRecord, Reserved
 from services.placement import capacity, choice
 from services.placement.policy import Params, PathRates
-from tests.admission.fleet import GIB, c1, host, rows
+from tests.support.fleet_rows import GIB, c1, host, rows
 
 PARAMS = Params(guard=Guard(max_sessions=8))
 PATHS = PathRates(default_bps=1e9)

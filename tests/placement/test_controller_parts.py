@@ -7,8 +7,8 @@ import asyncio
 
 from libs.schemas.engine import SessionInfo
 from services.placement.policy import Move, Suspend
-from tests.admission.fleet import host
 from tests.placement.parts import Parts
+from tests.support.fleet_rows import host
 
 
 def move(sid: str, src: str, dst: str) -> Move:

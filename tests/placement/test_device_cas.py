@@ -19,7 +19,7 @@ from libs.errors import Rejected
 from libs.schemas.common import EngineEntry
 from libs.schemas.placement import HostRecord
 from services.placement import capacity, device_cas
-from tests.admission.fleet import c1, host
+from tests.support.fleet_rows import c1, host
 
 GUARD = Guard(busy_fraction=0.1, memory_fraction=0.05, max_sessions=16)
 SETTLE = 6.0

@@ -8,8 +8,8 @@ import pytest
 
 from libs.errors import NotFound
 from libs.schemas.placement import HostRequest
-from tests.admission.fleet import host
 from tests.placement.parts import Parts
+from tests.support.fleet_rows import host
 
 
 async def test_live_moves_empty_the_host_and_it_ends_drained():

@@ -8,9 +8,9 @@ from bench import fleet, fleet_turboserve
 from bench.fleet_turboserve import TurboServe, migration_cost_ms
 from bench.fleet_workload import SessionSpec
 from services.placement.policy import Drain, Move, Place, Resume, ScaleOut, Suspend
-from tests.admission.fleet import GIB
 from tests.placement.policy_fleet import PARAMS, sess
 from tests.placement.policy_fleet import fleet as snapshot
+from tests.support.fleet_rows import GIB
 
 
 def kinds(d, cls) -> list:

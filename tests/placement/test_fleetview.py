@@ -8,7 +8,7 @@ from libs.schemas.engine import SessionInfo
 from libs.schemas.placement import HostRecord, Reserved
 from services.placement import fleetview
 from services.placement.policy import Params, Resume, Suspend, decide
-from tests.admission.fleet import c1, host, rows
+from tests.support.fleet_rows import c1, host, rows
 
 PARAMS = Params(keep_warm_s=30.0, warm_pool_hosts=0, warm_pool_frac=0.0)
 

@@ -18,7 +18,7 @@ from libs.schemas.placement import HostRecord, Reserved
 from services.placement import choice
 from services.placement.fleetview import dirty_rate_bps
 from services.placement.policy import Fleet, Host, Params, PathRates, Place, Session
-from tests.admission.fleet import GIB, c1
+from tests.support.fleet_rows import GIB, c1
 
 GB = 1 << 30
 PATHS = PathRates(default_bps=2e9, cross_zone_bps=1e9)

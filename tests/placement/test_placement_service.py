@@ -15,8 +15,8 @@ from libs.schemas.base import encode
 from libs.schemas.common import Ping
 from libs.schemas.placement import Placement, PlaceRequest
 from services.placement.service import PlacementConfig, PlacementService
-from tests.admission.conftest import placement  # noqa: F401  (the service, started on the test's server)
-from tests.admission.fleet import c1, host
+from tests.support.admission import placement  # noqa: F401  (the service, started on the test's server)
+from tests.support.fleet_rows import c1, host
 from tests.support.waiting import eventually
 
 

@@ -10,8 +10,8 @@ from services.placement.policy import Drain, Move, Place, ScaleOut, Suspend, dec
 from services.placement.policy import latency as lat
 from services.placement.policy.autoscale import measure
 from services.placement.policy.plan import Plan
-from tests.admission.fleet import GIB
 from tests.placement.policy_fleet import PARAMS, fleet, sess
+from tests.support.fleet_rows import GIB
 
 CAP = msgspec.structs.replace(PARAMS, latency_cap_ms=68.75, cap_margin_ms=2.5)
 

@@ -8,21 +8,7 @@ import msgspec
 
 from libs.contracts import Contract
 from services.placement.policy import Move, Suspend, decide
-from tests.placement.policy_fleet import PARAMS, fleet, sess
-
-
-def measured(f, **loads: float):
-    """The fleet with each named host's measured load (what its stages ran), and the rest as priced."""
-    hosts = tuple(msgspec.structs.replace(h, entry=msgspec.structs.replace(
-        h.entry, measured_fraction=loads.get(h.host_id, h.entry.busy_fraction))) for h in f.hosts)
-    return msgspec.structs.replace(f, hosts=hosts)
-
-
-def shared(f, *host_ids: str):
-    """The named hosts on one machine's CPU: one device."""
-    hosts = tuple(msgspec.structs.replace(h, entry=msgspec.structs.replace(h.entry, machine="m", device="cpu"))
-                  if h.host_id in host_ids else h for h in f.hosts)
-    return msgspec.structs.replace(f, hosts=hosts)
+from tests.placement.policy_fleet import PARAMS, fleet, measured, sess, shared
 
 
 def of(cls: str, s):

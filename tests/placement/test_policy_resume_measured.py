@@ -8,8 +8,7 @@ from __future__ import annotations
 import msgspec
 
 from services.placement.policy import Resume, Suspend, decide
-from tests.placement.policy_fleet import PARAMS, fleet, sess
-from tests.placement.test_policy_overload import measured, shared
+from tests.placement.policy_fleet import PARAMS, fleet, measured, sess, shared
 
 
 def resumes(f):

@@ -18,9 +18,9 @@ import structlog
 from libs.schemas.common import SessionSummary
 from services.placement.liveness import Liveness
 from services.placement.sweeper import Sweeper
-from tests.admission.fleet import host
 from tests.placement.parts import GUARD, Parts
 from tests.placement.parts import Owners as FakeOwners
+from tests.support.fleet_rows import host
 
 
 class Owners(FakeOwners):

@@ -15,19 +15,10 @@ from libs.contracts import Contract
 from libs.errors import IntegrityError
 from libs.fence.ownership import assign
 from libs.fence.replay import replay_plan
-from tests.fence.invariants import check_log, read_log
-from tests.recovery.conftest import (
-    CONTRACT,
-    OutputLog,
-    Producer,
-    claimed_by,
-    eventually,
-    info,
-    journal,
-    meta,
-    register,
-    watch_output,
-)
+from tests.support.invariants import check_log, read_log
+from tests.support.ownership import claimed_by
+from tests.support.recovery import CONTRACT, OutputLog, Producer, info, journal, meta, register, watch_output
+from tests.support.waiting import STARTING, eventually
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +31,7 @@ async def serve_on_h1(nc, fence, hosts, sid: str, h1_env: dict | None = None, h2
     token = await register(nc, sid, contract=contract)
     out = await watch_output(nc, sid)
     v1 = (await assign(nc, sid, "h1")).version
-    await eventually(lambda: claimed_by(nc, sid, "h1"), what="h1's claim")
+    await eventually(lambda: claimed_by(nc, sid, "h1"), what="h1's claim", tolerate=STARTING)
     producer = Producer(f"http://127.0.0.1:{fence.http_port}", sid, token)
     producer.start()
     return h1, h2, v1, out, producer
@@ -55,19 +46,19 @@ async def serve_until_checkpointed(nc, fence, hosts, sid: str):
         shown = out.blocks(replayed=False)
         return block > 0 and bool(shown) and max(shown) >= block + 4
 
-    await eventually(past_a_checkpoint, what="blocks past a checkpoint")
+    await eventually(past_a_checkpoint, what="blocks past a checkpoint", tolerate=STARTING)
     return h1, h2, v1, out, producer
 
 
 async def take_over(nc, sid: str, v1: int, out: OutputLog, last_dead_block: int, timeout_s: float = 30.0) -> None:
     """Assign `sid` to h2 (as failover does: only if h1 still holds v1) and wait for live output past h1's."""
     await assign(nc, sid, "h2", expect_version=v1)
-    await eventually(lambda: claimed_by(nc, sid, "h2"), what="h2's claim")
+    await eventually(lambda: claimed_by(nc, sid, "h2"), what="h2's claim", tolerate=STARTING)
 
     async def live_past() -> bool:
         return max(out.blocks(replayed=False)) > last_dead_block + 3
 
-    await eventually(live_past, timeout_s=timeout_s, what="live output on h2")
+    await eventually(live_past, timeout_s=timeout_s, what="live output on h2", tolerate=STARTING)
 
 
 async def finish_input(nc, sid: str, producer: Producer) -> None:
@@ -81,7 +72,7 @@ async def finish_input(nc, sid: str, producer: Producer) -> None:
 
     # h2's runtime refuses a gap or a duplicate seq, so consuming exactly 1..last from the restored
     # cursor means no input was lost and none applied twice.
-    await eventually(all_consumed, what="every item consumed on h2")
+    await eventually(all_consumed, what="every item consumed on h2", tolerate=STARTING)
 
 
 def assert_exact(out: OutputLog, dead: dict, checkpoint_block: int) -> None:
@@ -168,7 +159,7 @@ async def test_a_replacement_at_another_thread_count_regenerates_the_same_bytes(
     async def shown_with_items() -> bool:
         return len(out.blocks(replayed=False)) >= 6 and (await info(nc, "h1", sid)).consumed_seq >= 3
 
-    await eventually(shown_with_items, what="h1's blocks with items in them")
+    await eventually(shown_with_items, what="h1's blocks with items in them", tolerate=STARTING)
     assert (await info(nc, "h1", sid)).threads == 2
     h1.signal(signal.SIGKILL)
     h1.proc.wait()

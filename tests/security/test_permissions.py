@@ -31,7 +31,7 @@ from libs.schemas.fence import (
     SessionView,
 )
 from services.admission.fleet_feed import FleetFeed
-from tests.fence.conftest import start_fence
+from tests.support.fence import start_fence
 
 
 class Probe:

@@ -1,29 +1,28 @@
-"""The in-process stack stack tests share (issue 22: one builder, not one per folder): fence, placement
+"""The in-process stack the stack tests share (issue 22: one builder, not one per folder): fence, placement
 instances and the mover in this process on the per-test nats-server, engine hosts as their own processes
 (so a test can SIGKILL, SIGSTOP or restart one). Failover, fleet, backend and WebRTC tests build on it."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 import msgspec
+import pytest
 
 from bench.stack import answers
 from libs import bus, errors, names
 from libs.contracts import Contract, Guard
-from libs.fence.ownership import assign, read_owner
+from libs.fence.ownership import assign
 from libs.schemas.engine import SessionInfo, SessionRef
 from libs.schemas.fence import RegisterReply, RegisterRequest
 from libs.schemas.placement import Placement, PlaceRequest
 from services.fence.service import FenceConfig, FenceService
 from services.mover.service import MoverConfig, MoverService
 from services.placement.service import PlacementConfig, PlacementService
+from tests.support import ownership
+from tests.support.engine_hosts import EngineProcess
 from tests.support.waiting import eventually
 
 # A period far above what a block costs: admission prices a block at every stage (an avatar block: 25-90 ms
@@ -33,45 +32,11 @@ from tests.support.waiting import eventually
 CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=4000.0)
 
 
-class EngineProc:
-    """`statefleet serve engine_host` as `statefleet up` runs it, with quick checkpoints for the tests."""
-
-    def __init__(self, url: str, host_id: str, tmp: Path, config: Path | None = None, **env: str) -> None:
-        self.url, self.host_id, self.tmp, self.config, self.env = url, host_id, tmp, config, env
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> EngineProc:
-        env = {**os.environ, "SF_NATS_URL": self.url, "SF_HOST_ID": self.host_id, "SF_INSTANCE_ID": self.host_id,
-               "SF_PROFILE_BLOCKS": "1", "SF_TORCH_THREADS": "1", "SF_CHECKPOINT_DIR": str(self.tmp / "ckpt"),
-               "SF_CHECKPOINT_EVERY_S": "0.5", "SF_ORPHAN_GRACE_S": "1.0", "SF_LOG_JSON": "true", **self.env}
-        log = open(self.tmp / f"{self.host_id}.log", "ab")  # noqa: SIM115 - the child owns it
-        args = [sys.executable, "-m", "statefleet", "serve", "engine_host"]
-        if self.config is not None:  # a TOML file for what the environment cannot say (tables)
-            args += ["--config", str(self.config)]
-        self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        log.close()
-        return self
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-
-
 class Stack:
     def __init__(self, nc, url: str, tmp: Path) -> None:
         self.nc, self.js, self.url, self.tmp = nc, nc.jetstream(), url, tmp
         self.services: list = []
-        self.engines: dict[str, EngineProc] = {}
+        self.engines: dict[str, EngineProcess] = {}
         self.tokens: dict[str, str] = {}
 
     async def start(self, placements: int = 2, **placement_cfg) -> None:
@@ -91,13 +56,16 @@ class Stack:
         self.services.append(svc)
         return svc
 
-    async def engines_up(self, *host_ids: str, config: Path | None = None, **env: str) -> None:
-        """Start engine-host processes and wait until each answers its ping (its heartbeat is in by then)."""
+    async def engines_up(self, *host_ids: str, config: Path | None = None, answer_s: float = 180.0,
+                         seen_s: float = 10.0, **env: str) -> None:
+        """Start engine-host processes and wait until each answers its ping (its heartbeat is in by then) and
+        every placement instance sees it. Start-up profiles each backend, so a slow one (wan_causal's decoder
+        takes seconds a block on a loaded machine) needs a longer `answer_s`."""
         for h in host_ids:
-            self.engines[h] = EngineProc(self.url, h, self.tmp, config, **env).start()
+            self.engines[h] = EngineProcess(self.url, h, self.tmp, config, **env).start()
         for h in host_ids:
-            await eventually(lambda h=h: self.answers(h), 180, what=f"{h} answers")  # start-up profiles itself: slow under load
-            await eventually(lambda h=h: self.placements_see(h), 10)
+            await eventually(lambda h=h: self.answers(h), answer_s, what=f"{h} answers")
+            await eventually(lambda h=h: self.placements_see(h), seen_s)
 
     async def placements_see(self, host_id: str) -> bool:
         return all(p.liveness.entry(host_id) is not None for p in self.placements if not p._stopping.is_set())
@@ -106,15 +74,16 @@ class Stack:
         return await answers(self.nc, names.engine_subject(host_id, "ping"))
 
     async def create(self, sid: str, guard: Guard | None = None, contract: Contract = CONTRACT,
-                     backend: str = "avatar") -> Placement:
-        """Register, place and assign a session as admission does."""
-        req = RegisterRequest(session_id=sid, backend=backend, seed=3, prompt="narrator",
-                              contract=msgspec.msgpack.encode(contract), tier=1)
+                     backend: str = "avatar", *, seed: int = 3, prompt: str = "narrator", tier: int = 1,
+                     claim_s: float = 30.0) -> Placement:
+        """Register, place and assign a session as admission does; wait (up to `claim_s`) for its claim."""
+        req = RegisterRequest(session_id=sid, backend=backend, seed=seed, prompt=prompt,
+                              contract=msgspec.msgpack.encode(contract), tier=tier)
         self.tokens[sid] = (await bus.request(self.nc, names.FENCE_REGISTER, req, RegisterReply)).token
         placement = await bus.request(self.nc, names.PLACEMENT_PLACE, PlaceRequest(
             session_id=sid, backend=backend, contract=contract, guard=guard or Guard()), Placement)
         await assign(self.nc, sid, placement.host_id, incarnation=placement.incarnation)
-        await eventually(lambda: self.claimed_by(sid, placement.host_id))
+        await eventually(lambda: self.claimed_by(sid, placement.host_id), claim_s)
         return placement
 
     async def send(self, sid: str, first: int, last: int) -> None:
@@ -127,14 +96,10 @@ class Stack:
                     assert (await resp.json())["seq"] == i
 
     async def owner(self, sid: str):
-        view = (await read_owner(self.js, sid)).view
-        return view if view.claim is not None and view.claim == view.owner else None
+        return await ownership.owner(self.nc, sid)
 
     async def claimed_by(self, sid: str, host_id: str | None = None, min_version: int = 1):
-        view = await self.owner(sid)
-        if view is None or view.owner.version < min_version:
-            return None
-        return view if host_id is None or view.owner.server_id == host_id else None
+        return await ownership.claimed_by(self.nc, sid, host_id, min_version)
 
     async def info(self, host_id: str, sid: str) -> SessionInfo | None:
         try:
@@ -157,6 +122,14 @@ class Stack:
         for svc in reversed(self.services):
             if not svc._stopping.is_set():
                 await svc.stop()
+
+
+@pytest.fixture
+async def stack(nats_server, nc, tmp_path):
+    """The stack, not yet started: a test starts it with the settings it needs (`await stack.start(...)`)."""
+    s = Stack(nc, nats_server.url, tmp_path)
+    yield s
+    await s.stop()
 
 
 async def crash(svc) -> None:

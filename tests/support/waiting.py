@@ -28,3 +28,8 @@ async def eventually(fn: Callable[[], Any], timeout_s: float = 30.0, every_s: fl
         await asyncio.sleep(every_s)
     raise AssertionError(f"{what} not reached within {timeout_s}s")
 
+
+
+# What `tolerate` takes where a condition reads from engine hosts that are separate processes: a read from
+# one still starting (or restarting) may fail in any way, which is "not yet".
+STARTING: tuple[type[BaseException], ...] = (Exception,)

@@ -1,43 +1,5 @@
-"""A real stack for the voice tests: fence in this process, engine hosts as real processes (so one
-can be SIGKILLed), sessions of the `talking_head` backend registered as admission registers them,
-and `AvatarStream` clients on fence's ingress."""
+"""Voice fixtures: a real stack (fence in this process, engine hosts as real processes, so one can be
+SIGKILLed) and an HTTP client."""
 
-from __future__ import annotations
-
-import msgspec
-
-from libs import bus, names
-from libs.contracts import Contract
-from libs.fence.ownership import assign
-from libs.schemas.fence import RegisterReply, RegisterRequest
-from services.engine_host.backends.talking_head import TalkingHeadBackend
-from statefleet.client import AvatarStream
-from tests.fence.conftest import http  # noqa: F401 (a fixture)
-from tests.recovery.conftest import claimed_by, eventually, hosts  # noqa: F401 (fixtures)
-
-BACKEND = TalkingHeadBackend()
-# T0: bits reproducible on a replacement; the period is the backend's media per block (real time).
-CONTRACT = Contract(session_class="C1", quality_floor=1, determinism="T0",
-                    period_ms=BACKEND.media_s_per_block * 1000)
-
-
-async def register(nc, sid: str, seed: int = 5) -> str:
-    req = RegisterRequest(session_id=sid, backend="talking_head", seed=seed, prompt="presenter",
-                          contract=msgspec.msgpack.encode(CONTRACT), tier=1,
-                          input_kinds=sorted(BACKEND.input_kinds), max_input_bytes=BACKEND.max_input_bytes)
-    return (await bus.request(nc, names.FENCE_REGISTER, req, RegisterReply)).token
-
-
-def urls(fence_svc, sid: str) -> tuple[str, str]:
-    base = f"127.0.0.1:{fence_svc.http_port}/v1/sessions/{sid}"
-    return f"http://{base}/items", f"ws://{base}/output"
-
-
-async def serving(nc, fence_svc, host: str, sid: str, **kw) -> tuple[AvatarStream, str]:
-    """A session on `host`, claimed, with a started stream over it."""
-    token = await register(nc, sid)
-    stream = AvatarStream(*urls(fence_svc, sid), token, **kw)
-    await stream.start()
-    await assign(nc, sid, host)
-    await eventually(lambda: claimed_by(nc, sid, host), what=f"{host}'s claim")
-    return stream, token
+from tests.support.engine_hosts import hosts  # noqa: F401 (a fixture)
+from tests.support.fence import http  # noqa: F401 (a fixture)

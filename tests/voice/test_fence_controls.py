@@ -14,9 +14,9 @@ import pytest
 
 from libs.fence import ownership, session_log
 from libs.fence.client import EngineClient
-from tests.fence.conftest import post, register, start_fence, stored_items
+from tests.support.fence import post, register, start_fence, stored_items
+from tests.support.voice import BACKEND
 from tests.support.waiting import eventually
-from tests.voice.conftest import BACKEND
 from tests.voice.helpers import tone
 
 UNAPPLIED = 4

@@ -18,7 +18,8 @@ from livekit.agents.voice.avatar import AudioSegmentEnd, QueueAudioOutput  # noq
 
 from libs.audio_resample import Resampler  # noqa: E402
 from statefleet.integrations.livekit import FPS, StatefleetVideoGenerator  # noqa: E402
-from tests.voice.conftest import eventually, serving  # noqa: E402
+from tests.support.voice import serving  # noqa: E402
+from tests.support.waiting import STARTING, eventually  # noqa: E402
 from tests.voice.helpers import tone  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -74,7 +75,7 @@ async def test_the_generator_returns_the_agents_audio_lip_synced_and_answers_cle
     try:
         speech = tone(1.2, freq=220, rate=24000)
         await say(queue, speech, 24000)
-        await eventually(lambda: _ended(runner), timeout_s=60, what="the segment's end")
+        await eventually(lambda: _ended(runner), timeout_s=60, what="the segment's end", tolerate=STARTING)
         assert np.array_equal(runner.audio(), Resampler(24000, 16000).feed(speech))
         kinds = [type(f) for f in runner.out]
         end = kinds.index(AudioSegmentEnd)
@@ -85,9 +86,9 @@ async def test_the_generator_returns_the_agents_audio_lip_synced_and_answers_cle
         before = runner.audio().shape[0]
         long = tone(4.0, freq=180)
         speaking = asyncio.create_task(say(queue, long, 16000))
-        await eventually(lambda: _heard(runner, before + 4000), timeout_s=60, what="the second utterance")
+        await eventually(lambda: _heard(runner, before + 4000), timeout_s=60, what="the second utterance", tolerate=STARTING)
         queue.clear_buffer()
-        await eventually(lambda: _cleared(gen), timeout_s=60, what="cleared")
+        await eventually(lambda: _cleared(gen), timeout_s=60, what="cleared", tolerate=STARTING)
         speaking.cancel()
         heard = runner.audio()[before:]
         assert np.array_equal(heard, long[: heard.shape[0]]) and heard.shape[0] < long.shape[0]

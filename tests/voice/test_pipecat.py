@@ -25,7 +25,9 @@ from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
 from libs.audio_resample import Resampler  # noqa: E402
 from libs.fence.ownership import assign, read_owner  # noqa: E402
 from statefleet.integrations.pipecat import StatefleetVideoService  # noqa: E402
-from tests.voice.conftest import claimed_by, eventually, serving  # noqa: E402
+from tests.support.ownership import claimed_by  # noqa: E402
+from tests.support.voice import serving  # noqa: E402
+from tests.support.waiting import STARTING, eventually  # noqa: E402
 from tests.voice.helpers import tone  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -91,11 +93,11 @@ async def test_a_sigkill_of_the_owner_mid_utterance_resumes_the_stream(nc, fence
     service = StatefleetVideoService(stream=stream, drain_timeout_s=90)
     speech = tone(5.0, freq=230)
     running = asyncio.create_task(run_test(service, frames_to_send=[*tts(speech, 16000), TTSStoppedFrame()]))
-    await eventually(lambda: _past(stream, 14), timeout_s=60, what="2 s of output")
+    await eventually(lambda: _past(stream, 14), timeout_s=60, what="2 s of output", tolerate=STARTING)
     v1 = (await read_owner(nc.jetstream(), "pc3")).view.owner.version
     h1.signal(signal.SIGKILL)
     await assign(nc, "pc3", "h2", expect_version=v1)
-    await eventually(lambda: claimed_by(nc, "pc3", "h2"), what="h2's claim")
+    await eventually(lambda: claimed_by(nc, "pc3", "h2"), what="h2's claim", tolerate=STARTING)
     down, _ = await asyncio.wait_for(running, 120)
     _, audio = media(down)
     assert np.array_equal(audio, speech)  # every sample once, in order, across the owner change

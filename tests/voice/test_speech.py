@@ -15,7 +15,7 @@ from services.engine_host.backends import spec as specs
 from services.engine_host.backends.avatar import AvatarBackend, AvatarConfig
 from services.engine_host.backends.speech import Espeak
 from services.engine_host.backends.talking_head.face import mouth_opening
-from tests.engine_host.test_backends import item
+from tests.support.items import item
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                 reason="espeak-ng is not installed (`make espeak` installs Debian's as root)")

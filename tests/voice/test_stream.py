@@ -14,8 +14,10 @@ import pytest
 
 from libs.fence.ownership import assign, read_owner
 from statefleet.client import AvatarStream, Resampler
-from tests.fence.conftest import post
-from tests.voice.conftest import BACKEND, claimed_by, eventually, register, serving
+from tests.support.fence import post
+from tests.support.ownership import claimed_by
+from tests.support.voice import BACKEND, register, serving
+from tests.support.waiting import STARTING, eventually
 from tests.voice.helpers import tone
 
 pytestmark = pytest.mark.slow
@@ -124,7 +126,7 @@ async def test_sigkill_of_the_owner_mid_utterance_loses_and_repeats_no_audio(nc,
         v1 = (await read_owner(nc.jetstream(), "voice2")).view.owner.version
         h1.signal(signal.SIGKILL)
         await assign(nc, "voice2", "h2", expect_version=v1)
-        await eventually(lambda: claimed_by(nc, "voice2", "h2"), what="h2's claim")
+        await eventually(lambda: claimed_by(nc, "voice2", "h2"), what="h2's claim", tolerate=STARTING)
         await pushing
         seg = await stream.end_segment()
         after = await collect(stream, lambda bs: bool(events(bs, "segment_done")), timeout_s=90)

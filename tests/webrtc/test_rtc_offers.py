@@ -15,9 +15,9 @@ from aiortc import RTCPeerConnection
 
 from libs import rtc_ice
 from libs.rtc_viewer import RtcViewer, offer
-from tests.hardening.test_net_limits import refused
+from tests.support.metrics import refused
 from tests.support.waiting import eventually
-from tests.webrtc.conftest import rtc_url
+from tests.support.web_stack import rtc_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -10,7 +10,7 @@ import pytest
 from libs.rtc_viewer import RtcViewer
 from services.fence.ingress import WS_WINDOW
 from tests.support.waiting import eventually
-from tests.webrtc.conftest import live_move, rtc_url
+from tests.support.web_stack import live_move, rtc_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
