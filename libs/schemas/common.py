@@ -72,6 +72,9 @@ class ProfileRow(Msg):
     # it takes: admission refuses anything else with a typed 4xx ([] / 0 = not said).
     init_kinds: list[str] = []
     max_init_bytes: int = 0
+    # Block ms at 1, 2, 4, 8, … sessions of this kind running at once on the device (up to the host's
+    # measured limit; [] = not measured): what `contracts.device_ms` prices k sessions at (issue 23).
+    colocated: list[float] = []
 
 
 class BackendInfo(Msg):

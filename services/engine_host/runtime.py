@@ -302,12 +302,17 @@ class EngineRuntime:
         EWMA of the stage sum, default config, batch of one; never below start-up's: `CostModel.price`):
         admission prices the next session at today's cost, at the load the host serves now (co-located
         sessions slow each other's blocks, and that is what it learned). The quantum scales with the block, so the share start-up measured for
-        the denoise stage is kept (placement's latency model reads `block_ms − quantum_ms`)."""
+        the denoise stage is kept (placement's latency model reads `block_ms − quantum_ms`), and so does
+        the co-location curve: the device runs every concurrency that much slower than start-up found."""
         out = []
         for r in rows:
             learned = self.costs.price(shape_of(self.backend(r.backend)), r.tier) * 1000
-            out.append(r if learned <= 0 or learned == r.block_ms or r.block_ms <= 0 else msgspec.structs.replace(
-                r, quantum_ms=r.quantum_ms * learned / r.block_ms, block_ms=learned))
+            if learned <= 0 or learned == r.block_ms or r.block_ms <= 0:
+                out.append(r)
+                continue
+            ratio = learned / r.block_ms
+            out.append(msgspec.structs.replace(r, quantum_ms=r.quantum_ms * ratio, block_ms=learned,
+                                               colocated=[ms * ratio for ms in r.colocated]))
         return out
 
     def backend_infos(self) -> list[BackendInfo]:
