@@ -13,7 +13,9 @@ Two arms per backend and tier, interleaved round by round:
 - `one_host_all_cores`: one process at every core (a host alone on the machine).
 
 The figure is the device time one block takes while k sessions keep the device busy; the capacity a
-contract gets is `window / (blocks_per_window × block_ms(k))` sessions where that is ≥ k.
+contract gets is the largest k with `k × blocks_per_window × block_ms(k) / window` within the limit
+(`libs.contracts.device_ms`). The one-host curve is also fitted to the simulator's co-location latency
+model (`bench.fleet_colocation.fit`: chunk = solo × (1 + α·(n − 1))) and the fit printed.
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from bench import fleet_colocation
 from bench.common import parser, table, write
 
-KS = (1, 2, 4)
+KS = (1, 2, 4, 8)
 
 
 def _host(name: str, tier: int, k: int, blocks: int, threads: int, barrier: Any, out: Any) -> None:
@@ -76,6 +82,8 @@ def main() -> None:
 
     p = parser("colocation", __doc__ or "")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--curve", type=Path, help="also write world t1's one-host curve here, as bench.fleet's "
+                   "--colocation-curve reads it")
     args = p.parse_args()
     cores = torch_threads.machine_cores()
     blocks = 10 if args.quick else 30
@@ -101,7 +109,17 @@ def main() -> None:
                     "two_hosts_sessions_on_device": [2 * k for k in KS],
                     "rounds_one_host": {k: [round(x, 3) for x in v] for k, v in one.items()},
                     "rounds_two_hosts": {k: [round(x, 3) for x in v] for k, v in two.items()}}
+        curve = fleet_colocation.Curve(source=f"bench.colocation one host, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+                                       backend=name, tier=tier, sessions=KS,
+                                       chunk_ms=tuple(res[key]["one_host_block_ms"]))
+        fitted = fleet_colocation.fit(curve)
+        res[key]["colocation_curve"] = msgspec.to_builtins(curve)
+        res[key]["colocation_fit"] = {k: round(v, 4) for k, v in fitted._asdict().items()}
+        if args.curve is not None and key == "world_t1":
+            args.curve.write_bytes(msgspec.json.encode(curve))
         rows.append((f"{key} one host (k={list(KS)})", res[key]["one_host_block_ms"], "ms/block, min of rounds"))
+        rows.append((f"{key} latency model fit", f"alpha {fitted.alpha:.3f}, solo {fitted.solo_ms:.2f} ms, "
+                     f"rmse {fitted.rmse_ms:.2f} ms", "chunk = solo × (1 + α·(n − 1))"))
         rows.append((f"{key} one host, all cores", res[key]["one_host_all_cores_block_ms"], "ms/block"))
         rows.append((f"{key} two hosts (device 2k)", res[key]["two_hosts_device_block_ms"], "ms/block, device"))
         rows.append((f"{key} two hosts, per host", res[key]["two_hosts_per_host_block_ms"], "ms/block, one host"))
