@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import msgspec
 
 from libs import bus
+from libs.bus import failures
 from libs.schemas.common import ProfileRow
 
 CLAIM = b"measuring"
@@ -37,7 +38,8 @@ async def shared_rows(kv: bus.KeyValue, key: str, measure: Callable[[], Awaitabl
     (no boot id) must not share: pass it no KV key, measure alone."""
     if await bus.kv_swap(kv, key, CLAIM, 0):
         rows = await measure()
-        await kv.put(key, msgspec.msgpack.encode(rows))
+        with failures.unavailable(f"device profile {key} not published"):
+            await kv.put(key, msgspec.msgpack.encode(rows))
         return rows, True
     loop = asyncio.get_running_loop()
     until = loop.time() + wait_s

@@ -27,7 +27,7 @@ async def test_two_hosts_on_one_device_measure_once_and_serve_the_same_rows(nats
         kv = await nc.jetstream().key_value(names.ENGINES_BUCKET)
         entries = [decode((await kv.get(h)).value, EngineEntry) for h in ("e0", "e1")]
         profiles = await nc.jetstream().key_value(names.DEVICE_PROFILES_BUCKET)
-        published = [e for e in await bus.kv_entries(profiles)]
+        published = await bus.kv_entries(profiles)
         await nc.close()
     finally:
         await asyncio.gather(*(h.stop() for h in hosts))
@@ -47,9 +47,8 @@ async def test_a_waiting_host_takes_the_published_rows_and_measures_itself_when_
         measured.append("here")
         return [msgspec.structs.replace(ROW, block_ms=9.0)]
 
-    # the first host claims and measures; a second, finding the claim, waits and takes its rows
-    first = asyncio.create_task(device_profile.shared_rows(kv, "dev", measure, wait_s=30, poll_s=0.05))
-    rows, by_me = await first
+    # the first host claims and measures; a second finds the device's rows and takes them
+    rows, by_me = await device_profile.shared_rows(kv, "dev", measure, wait_s=30, poll_s=0.05)
     assert by_me and measured == ["here"]
     again, by_me = await device_profile.shared_rows(kv, "dev", measure, wait_s=30, poll_s=0.05)
     assert again == rows and not by_me and measured == ["here"]
