@@ -237,7 +237,8 @@ class EngineHostService(Service):
                                  replicas=self.config.nats_replicas)
         backends = [self.runtime.backend(info.name) for info in self.backend_infos]
         key = device_profile.device_profile_key(ident, str(self.device), map(shape_of, backends), threads)
-        rows, measured = await device_profile.shared_rows(kv, key, measure, wait_s=self.config.device_profile_wait_s)
+        rows, measured = await device_profile.shared_rows(kv, key, self.host_id, measure,
+                                                           wait_s=self.config.device_profile_wait_s)
         self.log.info("device_profile", key=key, measured_here=measured, rows=len(rows))
         return rows
 

@@ -48,14 +48,20 @@ async def test_a_waiting_host_takes_the_published_rows_and_measures_itself_when_
         return [msgspec.structs.replace(ROW, block_ms=9.0)]
 
     # the first host claims and measures; a second finds the device's rows and takes them
-    rows, by_me = await device_profile.shared_rows(kv, "dev", measure, wait_s=30, poll_s=0.05)
+    rows, by_me = await device_profile.shared_rows(kv, "dev", "e0", measure, wait_s=30, poll_s=0.05)
     assert by_me and measured == ["here"]
-    again, by_me = await device_profile.shared_rows(kv, "dev", measure, wait_s=30, poll_s=0.05)
+    again, by_me = await device_profile.shared_rows(kv, "dev", "e1", measure, wait_s=30, poll_s=0.05)
     assert again == rows and not by_me and measured == ["here"]
-    # a claim whose measurer never publishes: the waiter measures itself once its wait is over
-    assert await bus.kv_swap(kv, "stuck", device_profile.CLAIM, 0)
-    rows, by_me = await device_profile.shared_rows(kv, "stuck", measure, wait_s=0.3, poll_s=0.05)
+    # a claim whose measurer never publishes: the waiter measures itself once its wait is over (and
+    # publishes nothing: the claim is not its own)
+    assert await bus.kv_swap(kv, "stuck", device_profile.CLAIM + b"e0", 0)
+    rows, by_me = await device_profile.shared_rows(kv, "stuck", "e1", measure, wait_s=0.3, poll_s=0.05)
     assert by_me and measured == ["here", "here"]
+    assert (await bus.kv_read(kv, "stuck")).value == device_profile.CLAIM + b"e0"
+    # the claimer itself, restarted, takes its own claim over at once and publishes
+    rows, by_me = await device_profile.shared_rows(kv, "stuck", "e0", measure, wait_s=30, poll_s=0.05)
+    assert by_me and measured == ["here"] * 3
+    assert msgspec.msgpack.decode((await bus.kv_read(kv, "stuck")).value, type=list[ProfileRow]) == rows
 
 
 def test_device_profile_key_names_what_the_rows_depend_on():
