@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from libs.schemas.common import ProfileRow
 from services.placement.policy import Params
 from services.placement.policy import latency as lat
 
@@ -63,6 +64,16 @@ def load(path: Path) -> Curve:
         return msgspec.json.decode(path.read_bytes(), type=Curve)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
         raise CurveError(f"{path}: not a co-location curve: {e}") from e
+
+
+def from_row(row: ProfileRow, source: str) -> Curve:
+    """The curve an engine host measured at start-up (`ProfileRow.colocated`, point i at 2**i sessions):
+    the capacity model's own points, so the simulator's latency and the fleet's capacity read one curve."""
+    if len(row.colocated) < 2:
+        raise CurveError(f"{row.backend} tier {row.tier}: its row has {len(row.colocated)} co-location points, "
+                         "a fit needs two")
+    return Curve(source=source, backend=row.backend, tier=row.tier,
+                 sessions=tuple(1 << i for i in range(len(row.colocated))), chunk_ms=tuple(row.colocated))
 
 
 def profile_curve(params: Params, term: lat.Term, tier: int, backend: str) -> Curve:

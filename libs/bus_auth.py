@@ -100,6 +100,8 @@ def permissions(user: str) -> Permissions:
         publish = [
             *_common(user, "engine_host"),
             *_js_admin(_kv(names.ENGINES_BUCKET)), f"$KV.{names.ENGINES_BUCKET}.{host}",
+            # its device's profile, shared with the device's other hosts (one key token: a device's hash)
+            *_js_admin(_kv(names.DEVICE_PROFILES_BUCKET)), f"$KV.{names.DEVICE_PROFILES_BUCKET}.*",
             *_js_admin(_obj(names.CHECKPOINTS_BUCKET)), f"$O.{names.CHECKPOINTS_BUCKET}.>",
             *_js_read(names.SESSION_STREAM), *_js_read(_kv(names.FENCE_META_BUCKET)),
             *_js_read(_kv(names.SESSIONS_BUCKET)),

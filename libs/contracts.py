@@ -17,7 +17,7 @@ they run in the slack EDF leaves, and cost only their resident state and a slot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated
 
 import msgspec
@@ -96,7 +96,8 @@ class Estimate(msgspec.Struct, kw_only=True, frozen=True):
     reason: str  # "" when it fits; else no_profile | period | busy | memory | slots
     tier: int = 0
     quantum_ms: float = 0.0
-    block_ms: float = 0.0  # every stage of one block at `tier`: what `busy_fraction` is priced at
+    block_ms: float = 0.0  # every stage of one block at `tier` with the candidate added (`block_ms_at`)
+    device_sessions: int = 0  # sessions on the device before the candidate (every host's, reservations too)
     busy_fraction: float = 0.0  # the candidate's steady-state share of the device
     state_bytes: int = 0
     host_busy_fraction: float = 0.0  # measured load plus pending placements, before the candidate
@@ -113,9 +114,45 @@ def floor_row(rows: Sequence[ProfileRow], backend: str, floor: int) -> ProfileRo
     return min(fitting, key=lambda r: r.tier) if fitting else None
 
 
-def demand(contract: Contract, row: ProfileRow) -> Demand:
+def block_ms_at(row: ProfileRow, k: int) -> float:
+    """One block's device time while `k` sessions share the device: the row's co-location curve
+    (`ProfileRow.colocated[i]` is at 2**i sessions), linear between measured points, linear from the
+    last two beyond the last (never falling below the last: a device is not taken to get cheaper per
+    block than it was measured at); a row without a curve costs its lone `block_ms` at any k."""
+    curve = row.colocated
+    if not curve:
+        return row.block_ms
+    if k <= 1:
+        return curve[0]
+    i = min(k.bit_length() - 1, len(curve) - 1)  # the last measured point at or below k
+    lo = 1 << i
+    if i + 1 < len(curve):
+        return curve[i] + (curve[i + 1] - curve[i]) * (k - lo) / lo
+    if i == 0:
+        return curve[0]
+    slope = (curve[i] - curve[i - 1]) / (lo - lo // 2)
+    return curve[i] + max(slope, 0.0) * (k - lo)
+
+
+def slowdown(row: ProfileRow, k: int) -> float:
+    """block_ms(k) over block_ms(1): what a host's learned lone price is scaled by for k sessions."""
+    alone = block_ms_at(row, 1)
+    return block_ms_at(row, k) / alone if alone > 0 else 1.0
+
+
+def device_ms(row: ProfileRow, k: int) -> float:
+    """Device time one block of each of `k` sessions of this kind takes together: k × block_ms(k)."""
+    return k * block_ms_at(row, k) if k > 0 else 0.0
+
+
+def demand(contract: Contract, row: ProfileRow, k: int = 0) -> Demand:
+    """What a session of `contract` adds to a device that `k` sessions share already: its window's blocks
+    at the marginal device time of going from k to k + 1 sessions (the others' blocks slow too), so the
+    shares of sessions admitted one by one sum to what k sessions were measured to take. With no
+    curve, each block at its lone cost, whatever k."""
     window = contract.window_ms
-    share = 0.0 if window is None else contract.blocks_per_window * row.block_ms / window
+    marginal = max(device_ms(row, k + 1) - device_ms(row, k), 0.0)
+    share = 0.0 if window is None else contract.blocks_per_window * marginal / window
     return Demand(busy_fraction=share, state_bytes=row.state_bytes)
 
 
@@ -125,21 +162,24 @@ def estimate(contract: Contract, backend: str, host: EngineEntry, pending: Seque
     row = floor_row(host.profile, backend, contract.quality_floor)
     if row is None:
         return Estimate(host_id=host.host_id, fits=False, reason="no_profile")
-    need = demand(contract, row)
+    sessions = host.sessions + len(pending)
+    on_device = sessions + host.peer_sessions
+    need = demand(contract, row, on_device)
     busy = host.busy_fraction + sum(p.busy_fraction for p in pending)
     free = host.free_memory_bytes - sum(p.state_bytes for p in pending)
     mem_guard = int(guard.memory_fraction * host.memory_bytes)
-    sessions = host.sessions + len(pending)
-    reason = _first_failure(need, busy, free, mem_guard, sessions, guard)
+    reason = _first_failure(demand(contract, row).busy_fraction, need, busy, free, mem_guard, sessions, guard)
     return Estimate(host_id=host.host_id, fits=not reason, reason=reason, tier=row.tier,
-                    quantum_ms=row.quantum_ms, block_ms=row.block_ms, busy_fraction=need.busy_fraction,
+                    quantum_ms=row.quantum_ms, block_ms=block_ms_at(row, on_device + 1),
+                    device_sessions=on_device, busy_fraction=need.busy_fraction,
                     state_bytes=need.state_bytes, host_busy_fraction=busy,
                     busy_limit=1.0 - guard.busy_fraction, host_free_bytes=free,
                     memory_guard_bytes=mem_guard, host_sessions=sessions, max_sessions=guard.max_sessions)
 
 
-def _first_failure(need: Demand, busy: float, free: int, mem_guard: int, sessions: int, guard: Guard) -> str:
-    if need.busy_fraction > 1.0 + _EPS:
+def _first_failure(alone: float, need: Demand, busy: float, free: int, mem_guard: int, sessions: int,
+                   guard: Guard) -> str:
+    if alone > 1.0 + _EPS:
         return "period"  # one session alone needs more than the whole device
     if busy + need.busy_fraction > 1.0 - guard.busy_fraction + _EPS:
         return "busy"
@@ -159,9 +199,10 @@ def device_key(host: EngineEntry) -> str:
 def pooled(hosts: Sequence[EngineEntry],
            pending: Callable[[EngineEntry], Sequence[Demand]]) -> dict[str, EngineEntry]:
     """Each host as capacity must see it when hosts share a device: they split it, so every one of them
-    carries the whole device's load (its peers' measured load and unsettled reservations) and the
-    memory its peers' reservations will take. Each host counts its own reservations as usual (pass
-    `pending(host)` to `estimate`); a host alone on its device is returned unchanged."""
+    carries the whole device's load (its peers' measured load and unsettled reservations), the memory
+    its peers' reservations will take, and their sessions (`peer_sessions`: the k a candidate's
+    co-location cost is read at). Each host counts its own reservations as usual (pass `pending(host)`
+    to `estimate`); a host alone on its device is returned unchanged."""
     groups: dict[str, list[EngineEntry]] = {}
     for h in hosts:
         groups.setdefault(device_key(h), []).append(h)
@@ -172,11 +213,26 @@ def pooled(hosts: Sequence[EngineEntry],
             continue
         held = {p.host_id: pending(p) for p in peers}
         for h in peers:
-            others = [p for p in peers if p is not h]
-            busy = h.busy_fraction + sum(p.busy_fraction + sum(d.busy_fraction for d in held[p.host_id]) for p in others)
-            taken = sum(d.state_bytes for p in others for d in held[p.host_id])
-            out[h.host_id] = msgspec.structs.replace(h, busy_fraction=busy, free_memory_bytes=h.free_memory_bytes - taken)
+            out[h.host_id] = device_view(h, peers, held)
     return out
+
+
+def device_view(h: EngineEntry, peers: Sequence[EngineEntry], held: Mapping[str, Sequence[Demand]], *,
+                fold_own: bool = False) -> EngineEntry:
+    """`h` carrying its device's load (`pooled`). `fold_own`: its own reservations folded in too (none
+    then to pass to `estimate`), summed over every peer in one order, so each host of the device reads
+    the same load to the last bit (placement's ties between them are then ties, not rounding)."""
+    others = [p for p in peers if p.host_id != h.host_id]
+    peer_sessions = sum(p.sessions + len(held[p.host_id]) for p in others)
+    if fold_own:
+        busy = sum(p.busy_fraction + sum(d.busy_fraction for d in held[p.host_id]) for p in peers)
+        taken = sum(d.state_bytes for p in peers for d in held[p.host_id])
+        return msgspec.structs.replace(h, busy_fraction=busy, free_memory_bytes=h.free_memory_bytes - taken,
+                                       sessions=h.sessions + len(held[h.host_id]), peer_sessions=peer_sessions)
+    busy = h.busy_fraction + sum(p.busy_fraction + sum(d.busy_fraction for d in held[p.host_id]) for p in others)
+    taken = sum(d.state_bytes for p in others for d in held[p.host_id])
+    return msgspec.structs.replace(h, busy_fraction=busy, free_memory_bytes=h.free_memory_bytes - taken,
+                                   peer_sessions=peer_sessions)
 
 
 def carried(contract: Contract, backend: str, hosts: Sequence[EngineEntry], guard: Guard) -> dict[str, int]:
@@ -189,7 +245,7 @@ def carried(contract: Contract, backend: str, hosts: Sequence[EngineEntry], guar
         views = pooled(hosts, lambda h: held[h.host_id])
         fit = next((e for h in sorted(hosts, key=lambda h: h.host_id)
                     if (e := estimate(contract, backend, views[h.host_id], held[h.host_id], guard)).fits), None)
-        if fit is None or fit.busy_fraction <= 0:  # nothing fits, or windowless: slots, not device time
+        if fit is None or contract.window_ms is None:  # nothing fits, or windowless: slots, not device time
             return count
         held[fit.host_id].append(Demand(busy_fraction=fit.busy_fraction, state_bytes=fit.state_bytes))
         count[device_key(views[fit.host_id])] += 1
@@ -198,7 +254,7 @@ def carried(contract: Contract, backend: str, hosts: Sequence[EngineEntry], guar
 def idle(host: EngineEntry) -> EngineEntry:
     """The host as it would be with nothing on it: to tell "not now" from "never"."""
     return msgspec.structs.replace(host, busy_fraction=0.0, free_memory_bytes=host.memory_bytes,
-                                   sessions=0, state_bytes_resident=0)
+                                   sessions=0, peer_sessions=0, state_bytes_resident=0)
 
 
 def backend_tiers(hosts: Iterable[EngineEntry], backend: str) -> set[int]:

@@ -14,6 +14,11 @@ SERVICES = ("fence", "admission", "placement", "mover", "engine_host")
 SERVICES_BUCKET = "sf_services"
 # KV: engine hosts with device, memory, capacity and load (owner: engine_host).
 ENGINES_BUCKET = "sf_engines"
+# KV: one start-up profile per device (owner: engine_host; key `device_profile.device_profile_key`): the
+# first host of a device measures and publishes its rows, the device's other hosts use them (issue 23).
+DEVICE_PROFILES_BUCKET = "sf_device_profiles"
+# A device's rows are reused by hosts starting within this long; a claim whose measurer died clears by then.
+DEVICE_PROFILES_TTL_S = 600.0
 # KV: one summary per session for `statefleet status` and dashboards: a hint, never authority.
 SESSIONS_BUCKET = "sf_sessions"
 

@@ -72,6 +72,9 @@ class ProfileRow(Msg):
     # it takes: admission refuses anything else with a typed 4xx ([] / 0 = not said).
     init_kinds: list[str] = []
     max_init_bytes: int = 0
+    # Block ms at 1, 2, 4, 8, … sessions of this kind running at once on the device (up to the host's
+    # measured limit; [] = not measured): what `contracts.device_ms` prices k sessions at (issue 23).
+    colocated: list[float] = []
 
 
 class BackendInfo(Msg):
@@ -102,6 +105,9 @@ class EngineEntry(Msg):
     served_fraction: float = 0.0  # share they take at the tiers served now (at most the budget, or all at floor)
     state_bytes_resident: int = 0
     data_addr: str = ""  # host:port of the mover data plane (TCP) on this host
+    # Sessions on this host's device's other hosts, their reservations included: set by capacity's view
+    # of a shared device (`contracts.pooled`), never sent (a host announces 0).
+    peer_sessions: int = 0
     machine: str = ""  # boot id + hostname (`libs.motion.machine`): equal on two hosts that share memory
     backends: list[BackendInfo] = []
     incarnation: str = ""  # random per engine-host process start: a new one is a restarted host

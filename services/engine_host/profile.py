@@ -10,18 +10,12 @@ from libs.checkpoint import tree_bytes
 from libs.checkpoint.tree import tensors as tree_tensors
 from libs.motion import crc
 from libs.schemas.common import ProfileRow
+from services.engine_host import colocated
 from services.engine_host.backends import Backend
 from services.engine_host.backends import spec as specs
 from services.engine_host.backends.base import init_kinds, max_init_bytes, scratch_state
 
 DIRTY_CHUNK_BYTES = 1 << 20  # the mover's default chunk: what a pre-copy round resends is counted in these
-
-
-def _sync(backend: Backend) -> None:
-    import torch
-
-    if backend.device.type == "cuda":
-        torch.cuda.synchronize(backend.device)
 
 
 def measure(backend: Backend, *, blocks: int = 3, warmup: int = 1) -> list[ProfileRow]:
@@ -41,13 +35,13 @@ def measure(backend: Backend, *, blocks: int = 3, warmup: int = 1) -> list[Profi
             before = chunk_crcs(moved) if i == warmup else None
             t0 = time.perf_counter()
             carry = backend.encode(state, [])
-            _sync(backend)
+            colocated.sync(backend)
             t1 = time.perf_counter()
             carry = backend.denoise(state, carry, tier)
-            _sync(backend)
+            colocated.sync(backend)
             t2 = time.perf_counter()
             backend.decode(state, carry)
-            _sync(backend)
+            colocated.sync(backend)
             if i >= warmup:
                 quantum.append((t2 - t1) * 1000)
                 whole.append((time.perf_counter() - t0) * 1000)
@@ -66,12 +60,23 @@ def measure(backend: Backend, *, blocks: int = 3, warmup: int = 1) -> list[Profi
     return rows
 
 
+def measure_colocated(backend: Backend, rows: list[ProfileRow], *, max_sessions: int, threads: int = 0,
+                      blocks: int = 2, reps: int = 2) -> list[ProfileRow]:
+    """`rows` (this backend's, from `measure`) with their co-location curve: block ms at 1, 2, 4, …
+    concurrent scratch sessions up to `max_sessions`, run through the stages as the host's pipeline runs
+    them (`colocated.curve`). Blocking: call it from a thread."""
+    ks = colocated.concurrencies(max_sessions)
+    return [msgspec.structs.replace(r, colocated=colocated.curve(backend, r.tier, ks, blocks=blocks, reps=reps,
+                                                                 threads=threads))
+            if r.backend == backend.name else r for r in rows]
+
+
 def _time_rebuild(backend: Backend, state: dict) -> float:
     """What re-deriving the scratch session's rebuildable leaves takes (a rebuild is exact, so
     running it on the live scratch state changes nothing)."""
     t0 = time.perf_counter()
     backend.rebuild(state)
-    _sync(backend)
+    colocated.sync(backend)
     return (time.perf_counter() - t0) * 1000
 
 

@@ -30,6 +30,7 @@ import structlog
 import torch
 
 from libs.checkpoint import CheckpointStore, tree_bytes
+from libs.contracts import slowdown
 from libs.errors import BadRequest, Conflict
 from libs.fence.block_journal import BlockJournal
 from libs.schemas.common import BackendInfo, InputItem, ProfileRow
@@ -87,6 +88,7 @@ class EngineRuntime:
         self.threads = torch.get_num_threads()  # this host's intra-op count (a T0/T1 session keeps its own)
         self.sessions = SessionTable(host_id)
         self.costs = CostModel(clock)
+        self._curves: dict[tuple[str, int], ProfileRow] = {}  # (shape, tier) → its start-up row (its curve)
         self.backends = Backends(self.device, backend_configs or {}, registry or Registry(), on_build=self.costs.shape)
         self.sched = EdfScheduler(cost=self.costs.estimate, guard_s=guard_s, max_batch=max_batch)
         self.pipeline: StagePipeline[BlockJob, Dispatch] = StagePipeline(
@@ -148,6 +150,7 @@ class EngineRuntime:
         for r in rows:
             backend = self.backend(r.backend)
             self.costs.seed(shape_of(backend), r.tier, r.block_ms / 1000)
+            self._curves[(shape_of(backend), r.tier)] = r
             if r.rebuild_ms and self.rebuilds.rebuild_s(backend) is None:
                 self.rebuilds.observe(backend, r.rebuild_ms / 1000)
 
@@ -286,8 +289,16 @@ class EngineRuntime:
         sessions down toward their floors whenever what they are served at would not fit. A session held
         at a block boundary (a checkpoint, a move) still counts: it resumes; a suspended one does not."""
         suspended = {s.sid for s in self.sessions if s.status == "suspended"}
-        return sum(self.costs.price(t.shape, t.ladder[0]) / t.period_s for t in self.sched.tasks.values()
-                   if t.cls in PERIODIC and t.sid not in suspended)
+        counted = [t for t in self.sched.tasks.values() if t.cls in PERIODIC and t.sid not in suspended]
+        return sum(self.costs.price(t.shape, t.ladder[0]) * self._slowdown(t.shape, t.ladder[0], len(counted))
+                   / t.period_s for t in counted)
+
+    def _slowdown(self, shape: str, tier: int, k: int) -> float:
+        """How much slower a block runs with `k` sessions on this host than alone, as its start-up
+        co-location curve says (`contracts.slowdown`; 1 without one): so the load this host reports
+        for k sessions is what admission's marginal prices summed to."""
+        row = self._curves.get((shape, tier))
+        return slowdown(row, k) if row is not None else 1.0
 
     def measured_fraction(self) -> float:
         """Share of wall time this host's stages measured themselves running, over the last few seconds."""
@@ -302,12 +313,17 @@ class EngineRuntime:
         EWMA of the stage sum, default config, batch of one; never below start-up's: `CostModel.price`):
         admission prices the next session at today's cost, at the load the host serves now (co-located
         sessions slow each other's blocks, and that is what it learned). The quantum scales with the block, so the share start-up measured for
-        the denoise stage is kept (placement's latency model reads `block_ms − quantum_ms`)."""
+        the denoise stage is kept (placement's latency model reads `block_ms − quantum_ms`), and so does
+        the co-location curve: the device runs every concurrency that much slower than start-up found."""
         out = []
         for r in rows:
             learned = self.costs.price(shape_of(self.backend(r.backend)), r.tier) * 1000
-            out.append(r if learned <= 0 or learned == r.block_ms or r.block_ms <= 0 else msgspec.structs.replace(
-                r, quantum_ms=r.quantum_ms * learned / r.block_ms, block_ms=learned))
+            if learned <= 0 or learned == r.block_ms or r.block_ms <= 0:
+                out.append(r)
+                continue
+            ratio = learned / r.block_ms
+            out.append(msgspec.structs.replace(r, quantum_ms=r.quantum_ms * ratio, block_ms=learned,
+                                               colocated=[ms * ratio for ms in r.colocated]))
         return out
 
     def backend_infos(self) -> list[BackendInfo]:

@@ -5,6 +5,7 @@ fence assigns to it (their input arrives only through fence's lease, never throu
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import time
@@ -22,6 +23,7 @@ from libs.checkpoint import CheckpointStore
 from libs.config import BaseConfig, PositiveFloat, PositiveInt, section
 from libs.errors import ConfigError, Timeout, Unavailable
 from libs.fence.client import EngineClient
+from libs.motion import machine
 from libs.motion.endpoint import MotionEndpoint
 from libs.motion.receiver import Limits as DataPlaneLimits
 from libs.schemas.base import Msg, encode
@@ -35,9 +37,10 @@ from libs.schemas.engine import (
 )
 from libs.service import VERSION, Service
 from libs.telemetry import traced
-from services.engine_host import profile, torch_threads
+from services.engine_host import device_profile, profile, torch_threads
 from services.engine_host.assignments import Assignments
 from services.engine_host.backends import AvatarConfig, Registry, WorldConfig
+from services.engine_host.costs import shape_of
 from services.engine_host.runtime import EngineRuntime
 
 DEFAULT_CPU_STAGING_BYTES = 64 << 20
@@ -64,6 +67,12 @@ class EngineHostConfig(BaseConfig, kw_only=True):
     checkpoint_dir: str = ""  # shared filesystem path for checkpoints over checkpoint_inline_max_bytes
     checkpoint_inline_max_bytes: PositiveInt = 64 << 20
     profile_blocks: PositiveInt = 3  # measured blocks per backend and tier at start-up, after one warm-up
+    # The co-location curve's reach: block ms at 1, 2, 4, … concurrent sessions up to this many (and
+    # max_sessions); the capacity model extrapolates beyond (0: not measured, priced as one block alone).
+    colocated_sessions: Annotated[int, msgspec.Meta(ge=0)] = 8
+    # How long a host waits for the device's profile another host of its device is measuring, before it
+    # measures its own (device_profile.py).
+    device_profile_wait_s: PositiveFloat = 120.0
     verb_timeout_s: PositiveFloat = 30.0
     verb_concurrency: PositiveInt = 16  # requests of one verb (other than input) handled at once
     # torch intra-op threads (0: the machine's cores split between the `hosts_on_machine` engine hosts
@@ -184,7 +193,7 @@ class EngineHostService(Service):
                                      rebuild_policy=cfg.rebuild_policy, move_wire_bps=cfg.move_wire_bps,
                                      max_sessions=cfg.max_sessions, gate_moved_in=True, c1_pacing=cfg.c1_pacing)
         self.backend_infos = await self.runtime.in_thread(self.runtime.backend_infos)
-        self.profile = await self.runtime.in_thread(self._measure_profile)
+        self.profile = await self._device_profile(torch.get_num_threads())
         self.runtime.seed_costs(self.profile)
         await self.runtime.start()
         rt = self.runtime
@@ -218,10 +227,30 @@ class EngineHostService(Service):
                       device=str(self.device), torch_threads=torch.get_num_threads(),
                       profile=[(r.backend, r.tier, round(r.quantum_ms, 3)) for r in self.profile])
 
-    def _measure_profile(self) -> list[ProfileRow]:
+    async def _device_profile(self, threads: int) -> list[ProfileRow]:
+        """This device's rows: measured here by the device's first host, else that host's (device_profile.py)."""
+        measure = functools.partial(self.runtime.in_thread, functools.partial(self._measure_profile, threads))
+        ident = machine.identity()
+        if not ident:  # no boot id: no way to tell which hosts share this device
+            return await measure()
+        kv = await bus.ensure_kv(self.js, names.DEVICE_PROFILES_BUCKET, ttl_s=names.DEVICE_PROFILES_TTL_S,
+                                 replicas=self.config.nats_replicas)
+        backends = [self.runtime.backend(info.name) for info in self.backend_infos]
+        key = device_profile.device_profile_key(ident, str(self.device), map(shape_of, backends), threads)
+        rows, measured = await device_profile.shared_rows(kv, key, self.host_id, measure,
+                                                           wait_s=self.config.device_profile_wait_s)
+        self.log.info("device_profile", key=key, measured_here=measured, rows=len(rows))
+        return rows
+
+    def _measure_profile(self, threads: int) -> list[ProfileRow]:
+        cfg: EngineHostConfig = self.config
         rows = []
         for info in self.backend_infos:
-            rows += profile.measure(self.runtime.backend(info.name), blocks=self.config.profile_blocks)
+            backend = self.runtime.backend(info.name)
+            rows += profile.measure(backend, blocks=cfg.profile_blocks)
+            if cfg.colocated_sessions:
+                rows = profile.measure_colocated(backend, rows, threads=threads,
+                                                 max_sessions=min(cfg.colocated_sessions, cfg.max_sessions))
         return rows
 
     @staticmethod

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from libs.contracts import Contract, Demand, Estimate, device_key, floor_row
+from libs.contracts import Contract, Demand, Estimate, device_key, device_view, floor_row
 from libs.schemas.common import EngineEntry, SessionSummary
 from libs.schemas.placement import HostRecord
 from services.placement import capacity
@@ -69,15 +69,11 @@ def snapshot(*, hosts: Sequence[EngineEntry], records: Mapping[str, HostRecord],
 
 
 def _pooled(h: EngineEntry, peers: Sequence[EngineEntry], pending: Mapping[str, Sequence[Demand]]) -> EngineEntry:
-    """A host sharing its device, as capacity sees it (`contracts.pooled`: the whole device's load, the memory
-    its peers' reservations take) with its own reservations folded in as well. Folded, every host of the
-    device reads one load to the last bit (summed in one order), so the policy's ties between them are
-    ties, not rounding: which process of a device takes a session is decided by the policy's tie rule
-    (best fit: one process, the one that sees every deadline; `spread`: the one holding the fewest)."""
-    busy = sum(p.busy_fraction + sum(d.busy_fraction for d in pending[p.host_id]) for p in peers)
-    taken = sum(d.state_bytes for p in peers for d in pending[p.host_id])
-    return msgspec.structs.replace(h, busy_fraction=busy, free_memory_bytes=h.free_memory_bytes - taken,
-                                   sessions=h.sessions + len(pending[h.host_id]))
+    """A host sharing its device, as capacity sees it (`contracts.device_view`: the whole device's load and
+    sessions, the memory its peers' reservations take) with its own reservations folded in as well, so
+    which process of a device takes a session is decided by the policy's tie rule (best fit: one
+    process, the one that sees every deadline; `spread`: the one holding the fewest)."""
+    return device_view(h, peers, pending, fold_own=True)
 
 
 def choose(session: Session, *, hosts: Sequence[EngineEntry], records: Mapping[str, HostRecord], params: Params,

@@ -426,6 +426,29 @@ async def test_the_heartbeat_load_is_what_admission_budgets_and_the_profile_foll
         await rt.stop()
 
 
+async def test_the_heartbeat_load_of_k_sessions_is_what_their_marginal_prices_sum_to():
+    """With a co-location curve, k sessions are reported at k × block(k), the device time admission's
+    marginal prices (`contracts.demand` at 0, 1, … sessions) added up to."""
+    from libs.contracts import Contract, demand
+    from libs.schemas.common import ProfileRow
+
+    rt = EngineRuntime("cpu", host_id="h1", publish=Outputs())
+    # priced far above what a world block takes even on a loaded machine: the price is never below it
+    row = ProfileRow(backend="world", tier=1, quantum_ms=50.0, block_ms=100.0, state_bytes=1, media_s_per_block=0.1,
+                     colocated=[100.0, 150.0])
+    rt.seed_costs([row])
+    await rt.start()
+    try:
+        contract = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=1000.0)
+        for i in range(2):
+            await rt.open(OpenSession(session_id=f"c{i}", backend="world", seed=i, session_class="C1",
+                                      period_ms=1000.0, quality_floor=1))
+        admitted = demand(contract, row, 0).busy_fraction + demand(contract, row, 1).busy_fraction
+        assert rt.busy_fraction() == pytest.approx(admitted) == pytest.approx(2 * 150.0 / 1000.0)
+    finally:
+        await rt.stop()
+
+
 def test_a_block_is_never_priced_below_its_start_up_profile():
     """A quiet device's lone blocks run cheaper than start-up measured; that cost would not hold beside the
     sessions it admitted, so the price (admission's and the heartbeat's) keeps the start-up block as a floor,

@@ -34,3 +34,18 @@ def test_a_curve_is_read_from_json_and_a_bad_one_is_a_typed_error(tmp_path):
         fleet_colocation.load(bad)
     with pytest.raises(CurveError, match="at least two"):
         fleet_colocation.fit(Curve(source="x", sessions=(2, 2), chunk_ms=(5.0, 6.0)))
+
+
+def test_the_engine_hosts_measured_row_is_the_curve_the_latency_model_is_fitted_from():
+    """One curve: the points capacity prices k sessions at (`ProfileRow.colocated`, at 1, 2, 4, 8) are
+    the ones the simulator's α is fitted from."""
+    from libs.schemas.common import ProfileRow
+
+    row = ProfileRow(backend="world", tier=1, quantum_ms=1.0, block_ms=10.0, state_bytes=1, media_s_per_block=0.1,
+                     colocated=[10.0, 11.0, 13.0, 17.0])  # 10 × (1 + 0.1 (n − 1))
+    curve = fleet_colocation.from_row(row, "test")
+    assert curve.sessions == (1, 2, 4, 8) and curve.chunk_ms == (10.0, 11.0, 13.0, 17.0)
+    got = fleet_colocation.fit(curve)
+    assert got.alpha == pytest.approx(0.1) and got.solo_ms == pytest.approx(10.0)
+    with pytest.raises(CurveError):
+        fleet_colocation.from_row(msgspec.structs.replace(row, colocated=[10.0]), "test")
