@@ -51,9 +51,7 @@ def measured(f, **loads: float):
 
 
 def shared(f, *host_ids: str):
-    """The named hosts on one machine's CPU: one device, each reading its whole priced load as the service
-    passes such hosts (`capacity.policy_views`)."""
-    device = sum(h.entry.busy_fraction for h in f.hosts if h.host_id in host_ids)
-    hosts = tuple(msgspec.structs.replace(h, entry=msgspec.structs.replace(
-        h.entry, machine="m", device="cpu", busy_fraction=device)) if h.host_id in host_ids else h for h in f.hosts)
+    """The named hosts on one machine's CPU: one device."""
+    hosts = tuple(msgspec.structs.replace(h, entry=msgspec.structs.replace(h.entry, machine="m", device="cpu"))
+                  if h.host_id in host_ids else h for h in f.hosts)
     return msgspec.structs.replace(f, hosts=hosts)

@@ -6,11 +6,8 @@ soon as a device has room, input or not. Decisions only: pure, no clock."""
 from __future__ import annotations
 
 import msgspec
-import pytest
 
 from services.placement.policy import Resume, Suspend, decide
-from services.placement.policy.overload import MeasuredRoom
-from services.placement.policy.plan import Plan
 from tests.placement.policy_fleet import PARAMS, fleet, measured, sess, shared
 
 
@@ -89,16 +86,3 @@ def test_a_re_queued_session_no_device_has_room_for_asks_the_autoscaler_for_a_ho
     d = decide(f, PARAMS, rebalancing=False, scaling=True, offload=True, relieving=True)
     assert d.scaling is not None and d.scaling.queued == 1
     assert [type(a).__name__ for a in d.actions] == ["ScaleOut"]
-
-
-def test_a_devices_price_is_read_once_however_many_of_its_hosts_read_it():
-    """Hosts sharing a device each read its whole priced load (`capacity.policy_views`), so the device's
-    measured-over-priced scale divides by that load once: summed over its hosts it would halve a session's
-    measured cost on a two-host device and let relief and resumes take twice what fits."""
-    f = shared(fleet({"h0": [sess("b", "h0")], "h1": [sess("c", "h1")]}), "h0", "h1")
-    priced = f.hosts[0].entry.busy_fraction  # the device's, as each of its hosts reads it
-    f = measured(f, h0=priced, h1=priced)  # the device measured at twice its price
-    plan = Plan(f, PARAMS)
-    hl = plan.loads["h0"]
-    share = plan.term(sess("x"), hl).share
-    assert MeasuredRoom(plan).cost(sess("x"), hl) == pytest.approx(2 * share)

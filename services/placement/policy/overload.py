@@ -44,9 +44,7 @@ class MeasuredRoom:
         for hl in plan.loads.values():
             key = device_key(hl.host.entry)
             self.measured[key] = self.measured.get(key, 0.0) + hl.host.entry.measured_fraction
-            # every host of a device reads its whole load (`capacity.policy_views`): the device's price is
-            # any one of theirs, not their sum
-            self.priced[key] = max(self.priced.get(key, 0.0), hl.host.entry.busy_fraction)
+            self.priced[key] = self.priced.get(key, 0.0) + hl.host.entry.busy_fraction
 
     def over(self) -> dict[str, float]:
         """Each device measured past the limit (`1 - guard`), with the load above it."""
