@@ -16,17 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from libs.contracts import (
-    Contract,
-    Demand,
-    Estimate,
-    Guard,
-    device_key,
-    device_view,
-    estimate,
-    pooled,
-    unsettled,
-)
+from libs.contracts import Contract, Demand, Estimate, Guard, estimate, pooled, unsettled
 from libs.schemas.common import EngineEntry
 from libs.schemas.placement import HostRecord, Reserved
 
@@ -50,25 +40,6 @@ def fit(contract: Contract, backend: str, host: EngineEntry, record: HostRecord 
 def shared(hosts: Sequence[EngineEntry], records: Mapping[str, HostRecord], settle_s: float) -> dict[str, EngineEntry]:
     """Hosts that share a device split it (`contracts.pooled`), their reservations included."""
     return pooled(hosts, lambda h: pending(records.get(h.host_id), h, settle_s))
-
-
-def policy_views(hosts: Sequence[EngineEntry], records: Mapping[str, HostRecord],
-                 settle_s: float) -> dict[str, tuple[EngineEntry, tuple[Demand, ...]]]:
-    """Each live host as the fleet policy reads it (`policy.Host`: its entry and its pending demand), the
-    same for every caller (placement's choice, the fleet controller's snapshot), so the policy decides on
-    what the reservation's device-wide compare-and-set then checks. A host alone on its device: its
-    heartbeat as it is, its own unsettled reservations pending. Hosts sharing a device: each reads the
-    whole device's load (`contracts.device_view`, its own reservations folded in), nothing pending."""
-    held = {h.host_id: pending(records.get(h.host_id), h, settle_s) for h in hosts}
-    groups: dict[str, list[EngineEntry]] = {}
-    for h in sorted(hosts, key=lambda h: h.host_id):
-        groups.setdefault(device_key(h), []).append(h)
-    out: dict[str, tuple[EngineEntry, tuple[Demand, ...]]] = {}
-    for peers in groups.values():
-        for h in peers:
-            out[h.host_id] = (h, tuple(held[h.host_id])) if len(peers) == 1 else \
-                (device_view(h, peers, held, fold_own=True), ())
-    return out
 
 
 def reserve(record: HostRecord, session_id: str, est: Estimate, incarnation: str, now: float) -> HostRecord:

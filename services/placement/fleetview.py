@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from libs.contracts import Contract, Demand, floor_row
+from libs.contracts import Contract, floor_row
 from libs.schemas.admission import SessionRecord
 from libs.schemas.common import EngineEntry, ShedKind
 from libs.schemas.engine import SessionInfo
@@ -109,9 +109,7 @@ def snapshot(x: Inputs, activity: Activity) -> Fleet:
     for src, dst in x.busy.values():
         if dst != src:
             moves_in[dst] = moves_in.get(dst, 0) + 1
-    views = capacity.policy_views(x.entries, x.records, x.settle_s)
-    hosts = tuple(_host(views[e.host_id], x, moves_in.get(e.host_id, 0))
-                  for e in sorted(x.entries, key=lambda e: e.host_id))
+    hosts = tuple(_host(e, x, moves_in.get(e.host_id, 0)) for e in sorted(x.entries, key=lambda e: e.host_id))
     by_id = {e.host_id: e for e in x.entries}
     sessions = []
     for host_id, infos in sorted(x.sessions.items()):
@@ -132,11 +130,10 @@ def snapshot(x: Inputs, activity: Activity) -> Fleet:
                  last_scale_in_at=x.last_scale_in_at)
 
 
-def _host(view: tuple[EngineEntry, tuple[Demand, ...]], x: Inputs, moves_in: int) -> Host:
-    """A live host as the policy reads it (`capacity.policy_views`: hosts sharing a device read its load)."""
-    e, pending = view
+def _host(e: EngineEntry, x: Inputs, moves_in: int) -> Host:
     record = x.records.get(e.host_id)
-    return Host(entry=e, state=record.state if record else "up", moves_in=moves_in, reserved=pending)
+    return Host(entry=e, state=record.state if record else "up", moves_in=moves_in,
+                reserved=tuple(capacity.pending(record, e, x.settle_s)))
 
 
 def _session(info: SessionInfo, seen: Seen, spec: tuple[Contract, str], entry: EngineEntry, x: Inputs) -> Session:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import msgspec
 
 from libs.schemas.engine import SessionInfo
 from libs.schemas.placement import HostRecord, Reserved
-from services.placement import choice, fleetview
-from services.placement.policy import Params, PathRates, Resume, Suspend, decide
+from services.placement import fleetview
+from services.placement.policy import Params, Resume, Suspend, decide
 from tests.support.fleet_rows import c1, host, rows
 
 PARAMS = Params(keep_warm_s=30.0, warm_pool_hosts=0, warm_pool_frac=0.0)
@@ -127,17 +125,3 @@ def test_a_deadline_sessions_dirty_rate_is_one_block_per_release_period():
     c2 = Contract(session_class="C2a", quality_floor=1, determinism="T1", deadline_ms=10_000.0, blocks_per_window=100)
     profile = [msgspec.structs.replace(r, dirty_bytes_per_block=1000) for r in rows()]
     assert fleetview.dirty_rate_bps(c2, "world", host("h0", profile=profile)) == 1000 * 1e3 / 100.0
-
-
-def test_hosts_sharing_a_device_read_its_load_as_placement_and_the_reservation_do():
-    """The controller's snapshot pools a device's hosts exactly as placement's choice does
-    (`capacity.policy_views`): both read the whole device's load, reservations folded in, so a resume or
-    a move the controller decides is one the reservation's device-wide compare-and-set then grants."""
-    record = HostRecord(host_id="h1", sessions={"b": Reserved(busy_fraction=0.2, state_bytes=1, at=999.0)})
-    x = inputs(0.0, {"h0": [info("a")]}, {"a": "h0"}, records={"h1": record})
-    x = dataclasses.replace(x, entries=[msgspec.structs.replace(e, machine="m", busy_fraction=0.3) for e in x.entries])
-    h0, h1 = fleetview.snapshot(x, fleetview.Activity()).hosts
-    assert h0.entry.busy_fraction == h1.entry.busy_fraction == 0.3 + 0.3 + 0.2
-    assert h0.reserved == h1.reserved == ()  # folded into the device's load, not counted twice
-    chosen = choice.snapshot(hosts=x.entries, records=x.records, settle_s=x.settle_s, paths=PathRates(default_bps=1e9))
-    assert [h.entry for h in chosen.hosts] == [h0.entry, h1.entry]
