@@ -9,7 +9,7 @@ import pytest
 from libs.contracts import Demand, Guard, block_ms_at, carried, demand, device_ms, estimate, pooled
 from libs.schemas.common import EngineEntry, ProfileRow
 from services.admission.core import AdmissionCore, Candidate, Policy
-from tests.admission.fleet import c1, host
+from tests.support.fleet_rows import c1, host
 
 # Block ms at 1, 2, 4 sessions: 10, 15, 25. k sessions at a 100 ms period take k × block(k) / 100 of the
 # device: 0.10, 0.30, 0.60 (k = 3, block 20), 1.00 — the fourth crosses the 0.9 limit.
