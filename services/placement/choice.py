@@ -8,7 +8,7 @@ fleet view (live heartbeats, `sf_capacity` records and the sessions placement kn
 and reads the chosen host back as an `Estimate`.
 
 What it adds to the snapshot is what only the service knows: each host's unsettled reservations are
-its pending demand, hosts sharing a device see its pooled load (`capacity.shared`, see `_pooled`), and a
+its pending demand, hosts sharing a device see its pooled load (`contracts.device_view`), and a
 host whose record is not `up` takes nothing. A host alone on its device is passed as its heartbeat
 shows it, exactly as the simulator passes its hosts (tests/placement/test_one_policy.py). The verdict is still only a hint: the reservation's compare-and-set
 on the host's record (`reservations.py`, device-wide in `device_cas.py`) decides, and a refusal names
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from libs.contracts import Contract, Demand, Estimate, device_key, device_view, floor_row
+from libs.contracts import Contract, Estimate, device_key, device_view, floor_row
 from libs.schemas.common import EngineEntry, SessionSummary
 from libs.schemas.placement import HostRecord
 from services.placement import capacity
@@ -61,19 +61,13 @@ def snapshot(*, hosts: Sequence[EngineEntry], records: Mapping[str, HostRecord],
             if len(peers) == 1:  # alone on its device: the heartbeat as it is, its reservations pending
                 views[h.host_id] = Host(entry=h, state=state, reserved=tuple(pending[h.host_id]))
             else:
-                views[h.host_id] = Host(entry=_pooled(h, peers, pending), state=state)
+                # the whole device's load and sessions with its own reservations folded in, so which process
+                # of a device takes a session is the policy's tie rule (best fit: the one holding more)
+                views[h.host_id] = Host(entry=device_view(h, peers, pending, fold_own=True), state=state)
     out = tuple(views[h.host_id] for h in sorted(hosts, key=lambda h: h.host_id) if h.host_id not in skip)
     kept = {h.host_id for h in out}
     # `now` only dates idleness and moves, which placement does not read
     return Fleet(now=0.0, hosts=out, sessions=tuple(s for s in residents if s.host_id in kept), paths=paths)
-
-
-def _pooled(h: EngineEntry, peers: Sequence[EngineEntry], pending: Mapping[str, Sequence[Demand]]) -> EngineEntry:
-    """A host sharing its device, as capacity sees it (`contracts.device_view`: the whole device's load and
-    sessions, the memory its peers' reservations take) with its own reservations folded in as well, so
-    which process of a device takes a session is decided by the policy's tie rule (best fit: one
-    process, the one that sees every deadline; `spread`: the one holding the fewest)."""
-    return device_view(h, peers, pending, fold_own=True)
 
 
 def choose(session: Session, *, hosts: Sequence[EngineEntry], records: Mapping[str, HostRecord], params: Params,
