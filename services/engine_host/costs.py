@@ -17,6 +17,13 @@ COST_EWMA = 0.2
 # Longer than a floor session's gaps between floor quanta while it steps up and down; short next to a
 # noisy neighbour that stays for minutes.
 STALE_S = 10.0
+# A learned price with no sample for IDLE_S relaxes toward the start-up measurement with half-life
+# HALF_LIFE_S (CostModel's doc, docs/decisions.md "An idle host's learned price relaxes"). IDLE_S is
+# longer than the gap between a served session's quanta (a C1 period is at most a few hundred ms), so a
+# price that serving keeps measuring is exactly its EWMA; once nothing ran for it, what the device ran
+# at seconds ago says less and less about now, and a host that stays slow relearns it from its first quanta.
+IDLE_S = 1.0
+HALF_LIFE_S = 2.0
 
 
 def shape_of(backend: Backend) -> str:
@@ -60,11 +67,20 @@ class CostModel:
     learned more than `stale_s` before the shape's freshest single-block price (or only seeded, once
     serving measured any tier) is derived from that freshest one: its tier's start-up price times
     how much slower than at start-up the freshest tier runs now (forward passes scale it where
-    start-up measured no price). With nothing fresher to go by, a price stays what was learned.
+    start-up measured no price).
+
+    And a learned price is evidence of what the device ran at when it was learned, which fades: with no
+    sample for `idle_s`, it relaxes toward the start-up price, exponentially with half-life `half_life_s`
+    (`start-up + (learned − start-up) · 2^(−(age − idle_s) / half_life_s)`). Without that, a host that learned a
+    high price while a neighbour loaded the machine and then went idle kept that price forever (no
+    quantum ran to correct it): every survivor of a failover refused the stranded sessions as `period`
+    (one block alone longer than the period), and only a freshly restarted host took them (issue 29).
+    With no start-up price to relax toward, a price stays what was learned.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, stale_s: float = STALE_S) -> None:
-        self.clock, self.stale_s = clock, stale_s
+    def __init__(self, clock: Callable[[], float] = time.monotonic, stale_s: float = STALE_S,
+                 idle_s: float = IDLE_S, half_life_s: float = HALF_LIFE_S) -> None:
+        self.clock, self.stale_s, self.idle_s, self.half_life_s = clock, stale_s, idle_s, half_life_s
         self._learned: dict[tuple[str, int, int], tuple[float, float]] = {}  # → (seconds, when learned)
         self._seeds: dict[tuple[str, int], float] = {}  # (shape, tier) → start-up seconds of one block
         self._passes: dict[str, Callable[[int], int]] = {}
@@ -109,16 +125,23 @@ class CostModel:
         tier = self._fresh.get(shape)
         if tier is None:
             return None
-        seconds, at = self._learned[(shape, tier, 1)]
-        return tier, seconds, at
+        return tier, self._relaxed(shape, tier, 1), self._learned[(shape, tier, 1)][1]
+
+    def _relaxed(self, shape: str, tier: int, n: int) -> float:
+        """The learned price, relaxed toward n × the start-up price by how long nothing was learned for it."""
+        seconds, at = self._learned[(shape, tier, n)]
+        idle = self.clock() - at - self.idle_s
+        base = self._start_up(shape, tier) * n
+        if idle <= 0 or base <= 0:
+            return seconds
+        return base + (seconds - base) * 0.5 ** (idle / self.half_life_s)
 
     def _current(self, shape: str, tier: int, n: int) -> float | None:
         learned = self._learned.get((shape, tier, n))
         if learned is None:
             return None
-        seconds, at = learned
         ref = self._freshest(shape)
-        return seconds if ref is None or ref[2] - at <= self.stale_s else None
+        return self._relaxed(shape, tier, n) if ref is None or ref[2] - learned[1] <= self.stale_s else None
 
     def _single(self, shape: str, tier: int) -> float:
         if (c := self._current(shape, tier, 1)) is not None:
@@ -126,8 +149,13 @@ class CostModel:
         ref = self._freshest(shape)
         if ref is not None and (r := self._ratio(shape, tier, ref[0])) is not None:
             return ref[1] * r
-        if (learned := self._learned.get((shape, tier, 1))) is not None:
-            return learned[0]  # stale, but nothing to derive it from
+        if (shape, tier, 1) in self._learned:
+            return self._relaxed(shape, tier, 1)  # stale, but nothing to derive it from
+        return self._start_up(shape, tier)
+
+    def _start_up(self, shape: str, tier: int) -> float:
+        """A single block's start-up price: measured, else another start-up tier's scaled by forward
+        passes; 0 when start-up measured none."""
         if (c := self._seeds.get((shape, tier))) is not None:
             return c
         seeded = [t for (sh, t) in self._seeds if sh == shape]

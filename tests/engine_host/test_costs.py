@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine_host.costs import COST_EWMA, STALE_S, CostModel
+from services.engine_host.costs import COST_EWMA, HALF_LIFE_S, IDLE_S, STALE_S, CostModel
 
 SHAPE = "avatar:00000000"
 
@@ -17,8 +17,8 @@ class Clock:
         return self.now
 
 
-def seeded(clock: Clock) -> CostModel:
-    costs = CostModel(clock)
+def seeded(clock: Clock, half_life_s: float = HALF_LIFE_S) -> CostModel:
+    costs = CostModel(clock, half_life_s=half_life_s)
     costs.seed(SHAPE, 1, 0.0004)  # start-up: the floor tier 0.4 ms, tier 8 0.8 ms (avatar on this CPU)
     costs.seed(SHAPE, 8, 0.0008)
     return costs
@@ -43,32 +43,72 @@ def test_a_floor_price_no_quantum_refreshes_follows_the_tier_that_runs():
     assert costs.estimate(SHAPE, 1, 2) == pytest.approx(2 * tier8 / 2)
 
 
-def test_a_price_stays_what_was_learned_within_the_window_or_with_nothing_fresher():
+def test_a_price_stays_what_was_learned_within_the_window():
+    """The window alone (relaxation off: an infinite half-life): a floor measured within `stale_s` of the
+    freshest tier keeps its own price."""
     clock = Clock()
-    costs = seeded(clock)
+    costs = seeded(clock, half_life_s=float("inf"))
     costs.learn(SHAPE, 1, 1, 0.400)
     slow = costs.estimate(SHAPE, 1, 1)
-    clock.now += 10 * STALE_S  # nothing of the shape ran since: no evidence the device is faster now
-    assert costs.estimate(SHAPE, 1, 1) == slow
-
-    costs = seeded(clock)
-    costs.learn(SHAPE, 1, 1, 0.400)
     for _ in range(int(STALE_S / 0.2) - 1):  # tier 8 runs, but the floor was measured within the window
         clock.now += 0.2
         costs.learn(SHAPE, 8, 1, 0.0016)
     assert costs.estimate(SHAPE, 1, 1) == slow
 
 
-def test_a_stale_price_learns_on_from_what_it_was_derived_as():
-    """When the floor runs again, its EWMA starts from the derived price, not from the frozen one."""
+def test_an_idle_price_relaxes_toward_start_up_with_its_half_life():
+    """What kept failover's survivors refusing (issue 29, `--hog 2`): a host learned a high price while a
+    neighbour loaded the machine, its sessions left, and with no quantum run since, nothing corrected it:
+    it refused every stranded session as `period` for the rest of the run. Without a fresh sample the
+    learned excess over start-up halves every half-life once it was idle for `IDLE_S`, for admission's price
+    and the scheduler's alike."""
     clock = Clock()
     costs = seeded(clock)
     costs.learn(SHAPE, 1, 1, 0.400)
+    learned = costs.price(SHAPE, 1)
+    assert learned == pytest.approx((1 - COST_EWMA) * 0.0004 + COST_EWMA * 0.400)
+    clock.now += IDLE_S  # no longer than a served session's gaps between quanta: exactly what was learned
+    assert costs.price(SHAPE, 1) == learned
+    clock.now += HALF_LIFE_S
+    assert costs.price(SHAPE, 1) == pytest.approx(0.0004 + (learned - 0.0004) / 2)
+    clock.now += 9 * HALF_LIFE_S
+    assert costs.price(SHAPE, 1) == pytest.approx(0.0004 + (learned - 0.0004) / 2 ** 10)
+    assert costs.estimate(SHAPE, 1, 2) == pytest.approx(2 * costs.estimate(SHAPE, 1, 1))
+    clock.now += 100 * HALF_LIFE_S
+    assert costs.price(SHAPE, 1) == pytest.approx(0.0004)  # back at start-up's measurement
+    # a tier derived from the relaxed one relaxes with it (start-up's ratio between the two)
+    assert costs.estimate(SHAPE, 8, 1) == pytest.approx(0.0008)
+
+
+def test_a_price_with_no_start_up_measurement_stays_what_was_learned():
+    clock = Clock()
+    costs = CostModel(clock)
+    costs.learn(SHAPE, 1, 1, 0.400)
+    clock.now += 10 * HALF_LIFE_S
+    assert costs.estimate(SHAPE, 1, 1) == 0.400
+
+
+def derived_from_tier_8(costs: CostModel, clock: Clock) -> None:
     clock.now += 2 * STALE_S
     costs.learn(SHAPE, 8, 1, 0.0016)
-    derived = costs.estimate(SHAPE, 1, 1)
+
+
+def relaxed_while_idle(costs: CostModel, clock: Clock) -> None:
+    clock.now += IDLE_S + 3 * HALF_LIFE_S
+
+
+@pytest.mark.parametrize("age", [derived_from_tier_8, relaxed_while_idle])
+def test_a_price_no_longer_as_learned_learns_on_from_what_it_became(age):
+    """When the floor runs again, its EWMA starts from the derived (or relaxed) price, not from the frozen
+    one: a host that is still slow relearns that from its first quanta."""
+    clock = Clock()
+    costs = seeded(clock)
+    costs.learn(SHAPE, 1, 1, 0.400)
+    age(costs, clock)
+    became = costs.estimate(SHAPE, 1, 1)
+    assert became < 0.05
     costs.learn(SHAPE, 1, 1, 0.0010)
-    assert costs.estimate(SHAPE, 1, 1) == pytest.approx((1 - COST_EWMA) * derived + COST_EWMA * 0.0010)
+    assert costs.estimate(SHAPE, 1, 1) == pytest.approx((1 - COST_EWMA) * became + COST_EWMA * 0.0010)
 
 
 def test_a_tier_only_start_up_measured_follows_serving_and_with_no_serving_keeps_its_start_up_price():
