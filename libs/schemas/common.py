@@ -142,7 +142,7 @@ class SessionSummary(Msg):
     shed: ShedKind = ""
 
 
-NoticeKind = Literal["overload", "capacity_lost", "resumed"]
+NoticeKind = Literal["overload", "capacity_lost", "orphaned", "resumed"]
 
 
 class SessionNotice(Msg):
@@ -151,7 +151,9 @@ class SessionNotice(Msg):
 
     `overload`: suspended to relieve a device measured past its limit; it resumes where there is room when
     input asks. `capacity_lost`: a C1 session no device could keep, suspended and re-queued instead of served
-    late; it resumes as soon as a device has room. `resumed`: back on a device after either."""
+    late; it resumes as soon as a device has room. `orphaned`: its owner died and no live host has room for it
+    (`reason` names each host's): re-queued, its accepted input kept, and placed as soon as one has (the
+    owner change then says where). `resumed`: back on a device after `overload` or `capacity_lost`."""
 
     session_id: str
     kind: NoticeKind

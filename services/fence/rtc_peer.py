@@ -21,7 +21,8 @@ Data-channel messages from here (JSON text):
         last message: first sample (16 kHz, from the same origin as `pts`) and the RFC 6464 level in their
         packets, by which a viewer maps audio RTP timestamps to media time (rtc_media.audio_level)
     {"notice": {"session_id", "kind", "reason", "at"}}       a `SessionNotice` (overload relief suspended
-        the session, `overload` or `capacity_lost`, or resumed it: notices.py), as the output WebSocket sends it
+        the session, `overload` or `capacity_lost`, or resumed it; failover found no room: `orphaned`;
+        notices.py), as the output WebSocket sends it
     {"ack": ...}                                             answers to input (rtc_input.py)
 """
 

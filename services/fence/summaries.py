@@ -4,7 +4,8 @@ Fence writes a session's first summary as it registers it, a fresh one after eac
 the log, and placement's marks (orphaned, suspended to relieve a device, resumed after that), which
 placement asks for with `sf.fence.mark`: so the hint has one writer, and `libs/bus_auth.py` lets only
 fence put into it. A summary is a display hint, never authority; failing to write one only costs
-freshness. A shed or resumed mark is also told to the session's client as a `SessionNotice`.
+freshness. A shed or resumed mark, and an orphan mark on a session not orphaned already, is also told to
+the session's client as a `SessionNotice`.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ async def first_summary(js: bus.JetStream, session_id: str, *, backend: str, ses
                                                    updated_at=time.time())))
 
 
-async def update_summary(js: bus.JetStream, session_id: str, view: SessionView, **fields: str) -> str:
+async def update_summary(js: bus.JetStream, session_id: str, view: SessionView, **fields: str) -> tuple[str, str]:
     """Refresh the session's summary from the log's `view` (`fields` override it: a state and its
-    reason); the state written, "" when the write failed."""
+    reason); the state it had and the state written ("" when the write failed)."""
+    before = ""
     try:
         kv = await js.key_value(names.SESSIONS_BUCKET)
         summary = await _read(kv, session_id)
+        before = summary.state
         owner = view.owner
         summary.owner_server_id = owner.server_id if owner else ""
         summary.owner_version = owner.version if owner else 0
@@ -48,10 +51,10 @@ async def update_summary(js: bus.JetStream, session_id: str, view: SessionView, 
             setattr(summary, key, value)
         summary.updated_at = time.time()
         await kv.put(session_id, encode(summary))
-        return summary.state
+        return before, summary.state
     except Exception as e:  # a hint: whatever failed, the log is unchanged and the next update rewrites it
         _log.warning("session_summary_failed", session_id=session_id, error=str(e) or type(e).__name__)
-        return ""
+        return before, ""
 
 
 async def _read(kv: bus.KeyValue, session_id: str) -> SessionSummary:
@@ -68,24 +71,27 @@ async def mark(nc: bus.Client, js: bus.JetStream, req: MarkRequest) -> MarkReply
     (orphaned), suspended to relieve its device (shed), or back on a device after that (resumed). Marked
     only while the log still shows that version, open: a session reassigned or closed since placement
     looked is summarized as the log shows it, so a late mark never hides a newer owner. A shed or resumed
-    mark that holds is told to the session's client (`SessionNotice` on `sf.notice.<sid>`)."""
+    mark that holds is told to the session's client (`SessionNotice` on `sf.notice.<sid>`), and so is an
+    orphan mark that makes the session orphaned: once, not again at each sweep that finds the hosts'
+    reasons changed (the summary keeps the latest)."""
     view = (await session_log.read_tail(js, session_log.check_session_id(req.session_id))).view
     version = view.owner.version if view.owner else 0
     current = version == req.version and not view.closed
     notice: NoticeKind | None = None
     if current and req.orphaned:
-        state = await update_summary(js, req.session_id, view, state="orphaned", reason=req.orphaned)
+        before, state = await update_summary(js, req.session_id, view, state="orphaned", reason=req.orphaned)
+        notice = "orphaned" if state == "orphaned" and before != "orphaned" else None
     elif current and req.shed:
-        state = await update_summary(js, req.session_id, view, state="suspended", reason=req.shed,
-                                     shed=req.shed_kind)
+        _, state = await update_summary(js, req.session_id, view, state="suspended", reason=req.shed,
+                                        shed=req.shed_kind)
         notice = req.shed_kind or None
     else:
-        state = await update_summary(js, req.session_id, view)
+        _, state = await update_summary(js, req.session_id, view)
         notice = "resumed" if current and req.resumed else None
     if notice is not None:
         try:  # a live event: viewers connected now hear it; the summary keeps the mark for everyone else
             await bus.publish(nc, names.notice_subject(req.session_id), encode(SessionNotice(
-                session_id=req.session_id, kind=notice, reason=req.shed, at=time.time())))
+                session_id=req.session_id, kind=notice, reason=req.orphaned or req.shed, at=time.time())))
         except errors.StatefleetError as e:
             _log.warning("session_notice_failed", session_id=req.session_id, kind=notice, code=e.code)
     return MarkReply(session_id=req.session_id, state=state)

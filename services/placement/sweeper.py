@@ -123,7 +123,8 @@ class Sweeper:
 
 def orphan_reason(d: failover.Orphan) -> str:
     """What `statefleet status` shows for a session waiting for room: every live host's reason, so an
-    operator sees why (full, busy, draining) and that it is queued, not stuck. Every sweep retries it."""
+    operator sees why (full, busy, draining) and that it is queued, not stuck; its client hears it too
+    (fence's `orphaned` notice). Every sweep retries it."""
     hosts = ", ".join(f"{e.host_id} {e.reason}" for e in d.estimates) or "no live host"
     return f"waiting for room ({hosts})"
 

@@ -4,13 +4,15 @@ contract's class (issue 22: admission no longer writes the hint, and placement's
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 
 from libs import bus, names
 from libs.contracts import Contract
 from libs.fence import ownership
-from libs.schemas.base import decode
-from libs.schemas.common import SessionSummary
+from libs.schemas.base import decode, encode
+from libs.schemas.common import SessionNotice, SessionSummary
 from libs.schemas.fence import (
     CloseReply,
     CloseRequest,
@@ -46,16 +48,33 @@ async def mark(nc, sid: str, version: int, orphaned: str = "") -> str:
                               MarkReply)).state
 
 
+async def notices(nc, sid: str) -> asyncio.Queue[SessionNotice]:
+    heard: asyncio.Queue[SessionNotice] = asyncio.Queue()
+
+    async def on_notice(msg) -> None:
+        await heard.put(decode(msg.data, SessionNotice))
+
+    await nc.subscribe(names.notice_subject(sid), cb=on_notice)
+    await nc.flush()
+    return heard
+
+
 async def test_an_orphan_mark_lands_only_at_the_version_placement_saw(nc, fence):
     """Placement marks a session it finds no room for through fence (`sf.fence.mark`), the hint's one
-    writer. A mark at the owner version the log shows lands with its reason; a late one (the session
-    was reassigned since placement looked) or one on a closed session leaves the log's own state."""
+    writer. A mark at the owner version the log shows lands with its reason, and its client hears it once
+    (issue 29: re-queued visibly, never silently stuck), not again as the hosts' reasons change; a late one
+    (the session was reassigned since placement looked) or one on a closed session leaves the log's own state."""
+    heard = await notices(nc, "h3")
     await bus.request(nc, names.FENCE_REGISTER, RegisterRequest(session_id="h3", backend="toy", seed=1),
                       RegisterReply)
     first = await ownership.assign(nc, "h3", "e0")
     assert await mark(nc, "h3", first.version, "waiting for room (e1 busy)") == "orphaned"
     s = await summary(nc, "h3")
     assert (s.state, s.reason, s.owner_server_id, s.backend) == ("orphaned", "waiting for room (e1 busy)", "e0", "toy")
+    notice = await asyncio.wait_for(heard.get(), 10)
+    assert (notice.session_id, notice.kind, notice.reason) == ("h3", "orphaned", "waiting for room (e1 busy)")
+    assert await mark(nc, "h3", first.version, "waiting for room (e1 slots)") == "orphaned"
+    assert (await summary(nc, "h3")).reason == "waiting for room (e1 slots)"
     assert await mark(nc, "h3", first.version) == "assigned"  # cleared: the log's state, no reason
     assert ((await summary(nc, "h3")).state, (await summary(nc, "h3")).reason) == ("assigned", "")
 
@@ -66,22 +85,16 @@ async def test_an_orphan_mark_lands_only_at_the_version_placement_saw(nc, fence)
 
     await bus.request(nc, names.FENCE_CLOSE, CloseRequest(session_id="h3"), CloseReply)
     assert await mark(nc, "h3", second.version, "waiting for room (no live host)") == "closed"
+    # Only the one notice: the reason's change, the clear and the late marks told nothing (a marker sent
+    # after them all is the next thing heard)
+    await nc.publish(names.notice_subject("h3"), encode(SessionNotice(session_id="h3", kind="resumed", reason="end")))
+    assert (await asyncio.wait_for(heard.get(), 10)).reason == "end"
 
 
 async def test_a_shed_mark_keeps_its_kind_in_the_summary_and_tells_the_client_and_a_resumed_mark_clears_it(nc, fence):
     """Overload relief's marks (issue 23): the summary says the session is suspended as `capacity_lost` and why,
     the session's client hears it as a typed `SessionNotice`, and the resume clears the mark and is told too."""
-    import asyncio
-
-    from libs.schemas.common import SessionNotice
-
-    heard: asyncio.Queue[SessionNotice] = asyncio.Queue()
-
-    async def on_notice(msg) -> None:
-        await heard.put(decode(msg.data, SessionNotice))
-
-    await nc.subscribe(names.notice_subject("h4"), cb=on_notice)
-    await nc.flush()
+    heard = await notices(nc, "h4")
     await bus.request(nc, names.FENCE_REGISTER, RegisterRequest(session_id="h4", backend="toy", seed=1),
                       RegisterReply)
     first = await ownership.assign(nc, "h4", "e0")

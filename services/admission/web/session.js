@@ -247,8 +247,9 @@ function onOwner(owner) {
   $("owners").prepend(row);
 }
 
-// Overload relief acted on the session (a `SessionNotice`, docs/api.md): said in the owner log, where a
-// move or a failover is, so a viewer whose output paused sees why (capacity_lost: re-queued for room).
+// Overload relief or failover acted on the session (a `SessionNotice`, docs/api.md): said in the owner log,
+// where a move or a failover is, so a viewer whose output paused sees why (capacity_lost, orphaned:
+// re-queued for room).
 function onNotice(notice) {
   const row = sf.el("li");
   const text = notice.kind === "resumed" ? "resumed" : notice.reason || notice.kind;
