@@ -12,7 +12,7 @@ from libs import bus, names
 from libs.contracts import Guard
 from libs.errors import Rejected
 from libs.schemas.base import decode, encode
-from libs.schemas.common import SessionSummary
+from libs.schemas.common import SessionNotice, SessionSummary
 from libs.schemas.placement import DrainReport, HostRecord, HostRequest, Placement, PlaceRequest
 from statefleet.status import print_status
 from tests.support.fleet_rows import c1, host
@@ -38,6 +38,13 @@ async def test_no_room_orphans_the_session_until_a_host_joins(stack, capsys):
     assert (await stack.create("o1", ONE_EACH)).host_id == "e1"
     await stack.send("o0", 1, 3)
     await eventually(lambda: stack.consumed("o0", 3))
+    heard: asyncio.Queue[SessionNotice] = asyncio.Queue()
+
+    async def on_notice(msg) -> None:
+        await heard.put(decode(msg.data, SessionNotice))
+
+    await stack.nc.subscribe(names.notice_subject("o0"), cb=on_notice)
+    await stack.nc.flush()
     stack.engines["e0"].kill()
 
     async def orphaned():
@@ -48,6 +55,8 @@ async def test_no_room_orphans_the_session_until_a_host_joins(stack, capsys):
     reason = (await summary(stack, "o0")).reason
     # e1, the one live host, is full (its one slot; or its device reads busy on a loaded machine)
     assert re.fullmatch(r"waiting for room \(e1 (slots|busy)\)", reason), reason
+    notice = await asyncio.wait_for(heard.get(), 10)  # and its client hears it (issue 29)
+    assert notice.kind == "orphaned" and re.fullmatch(r"waiting for room \(e1 (slots|busy)\)", notice.reason)
     capsys.readouterr()
     await print_status(stack.url)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.split()[:1] == ["o0"])
