@@ -55,10 +55,14 @@ FIGURES: dict[str, list[Figure]] = {
                "items/s over a bare JetStream CAS append rate, same run"),
         Figure("gateway.added_ms_p99", "lower", lambda r: r["added_ms_p99"], "e2e p99 less bare pub/sub p99"),
         Figure("gateway.e2e_over_baseline_p50", "lower", _ratio("e2e_ms_p50", "baseline_ms_p50")),
+        Figure("gateway.e2e_over_floor_p50", "lower", _ratio("e2e_ms_p50", "floor_ms_p50"),
+               "e2e p50 over the store CAS + release CAS + delivery floor, same run"),
     ],
     "engine": [
         Figure("engine.overhead_over_bare", "lower", _ratio("overhead_ms_per_quantum", "bare_forward_ms"),
                "serving overhead per block over the bare forward, same run"),
+        Figure("engine.unpublished_overhead_over_bare", "lower",
+               _ratio("overhead_unpublished_ms", "bare_forward_ms"), "the same without the output's PNG encoding"),
         Figure("engine.batching_speedup", "higher", lambda r: r["batching_speedup"]),
     ],
     "mover": [

@@ -47,8 +47,8 @@ CONSUMER = "fence-gateway"
 # A crashed instance's unacked items go to another after this; a redelivered item is harmless (the
 # pump finds it released and acks it), and any later item or claim for the session releases it sooner.
 ACK_WAIT_S = 5.0
-# How long the consumer waits before its next fetch when all it fetched was released already. Only
-# items whose storing instance died before releasing them wait this long (plus ACK_WAIT_S if unacked).
+# How long the consumer waits before its next fetch when it fetched less than a full batch (no backlog).
+# Only items whose storing instance died before releasing them wait this long (plus ACK_WAIT_S if unacked).
 NET_PAUSE_S = 0.05
 HELD_RETRY_S = 1.0  # sessions held for their owner's cursor are looked at again this often
 KICK_CONCURRENCY = 64
@@ -188,7 +188,7 @@ class Gateway:
                 await asyncio.sleep(0.2)
                 continue
             try:
-                pumped = await self._handle(msgs)
+                await self._handle(msgs)
             except asyncio.CancelledError:  # stopping: hand unfinished items straight to another instance
                 for m in msgs:
                     with contextlib.suppress(Exception):
@@ -199,14 +199,15 @@ class Gateway:
                 self.log.exception("gateway_handle_failed", error=repr(e))
                 await asyncio.sleep(NET_PAUSE_S)  # unacked: redelivered after ACK_WAIT_S
                 continue
-            if not pumped:
-                # Everything fetched had been released by the offer path already: the consumer is only
-                # the net, so let the next deliveries gather instead of waking for every store (that
-                # work would compete with the releases on this loop).
+            if len(msgs) < self.batch:
+                # No backlog: the instances that stored these items have released them, or are releasing
+                # them now (this pump waited for that under the session's lock). The consumer is only the
+                # net, so let the next deliveries gather instead of fetching and acking after every store:
+                # that work lands on this loop and nats-server between a store and its release.
                 await asyncio.sleep(NET_PAUSE_S)
 
-    async def _handle(self, msgs) -> int:
-        """Pump the sessions of `msgs` that need it, ack the rest; returns how many sessions it pumped."""
+    async def _handle(self, msgs) -> None:
+        """Pump the sessions of `msgs` that need it, ack the rest."""
         by_session: defaultdict[str, list[tuple[InputItem, int]]] = defaultdict(list)
         for m in msgs:
             try:
@@ -239,7 +240,6 @@ class Gateway:
             if names.input_session_id(m.subject) not in failed:
                 await bus.quietly(m.ack())
                 await asyncio.sleep(0)  # an ack does not yield: let a waiting release go between them
-        return len(todo)
 
     async def pump(self, session_id: str, prefetched: list[tuple[InputItem, int]] = ()) -> session_log.Tail:
         """Release every stored item after the cursor to the claimed owner; return the last tail seen."""

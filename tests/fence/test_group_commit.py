@@ -160,3 +160,21 @@ async def test_items_stored_by_an_instance_that_died_before_releasing_reach_the_
     assert sorted(s.seq for s in stored) == list(range(1, 31))
     await eventually(lambda: eng.state["g6"] == list(range(1, 31)), 15)
     await eng.stop()
+
+
+async def test_a_backlog_larger_than_the_consumers_batch_reaches_the_owner_in_order(nats_server, nc):
+    """The net fetches a full batch again at once (only a partial fetch pauses): items a dead instance
+    stored, many more than one fetch holds, all reach the owner, each once and in seq order."""
+    fence = await start_fence(nats_server.url, "fence-b", gateway_batch=4)
+    try:
+        js = nc.jetstream()
+        await register(nc, "g7")
+        eng = await engine(nc, "E")
+        await eng.adopt("g7", (await ownership.assign(nc, "g7", "E")).version)
+        dead = InputAppender(js, max_group_items=1, max_group_bytes=1 << 20)  # one item per stored message
+        for i in range(40):
+            await dead.append("g7", "text", f'"{i}"'.encode(), 0.0)
+        await eventually(lambda: eng.state["g7"] == list(range(1, 41)), 15)
+        await eng.stop()
+    finally:
+        await fence.stop()
