@@ -39,7 +39,7 @@ from libs.service import VERSION, Service
 from libs.telemetry import traced
 from services.engine_host import device_profile, profile, spread, torch_threads
 from services.engine_host.assignments import Assignments
-from services.engine_host.backends import AvatarConfig, Registry, WorldConfig
+from services.engine_host.backends import AvatarConfig, Backend, Registry, WorldConfig
 from services.engine_host.costs import shape_of
 from services.engine_host.runtime import EngineRuntime
 
@@ -245,28 +245,29 @@ class EngineHostService(Service):
 
     def _measure_profile(self, threads: int) -> list[ProfileRow]:
         cfg: EngineHostConfig = self.config
+        backends = [self.runtime.backend(info.name) for info in self.backend_infos]
+        # every lone block first, before a probe process starts: its start-up would be in them
+        rows = [r for b in backends for r in profile.measure(b, blocks=cfg.profile_blocks)]
+        if not cfg.colocated_sessions:
+            return rows
         peers = self._device_peers()
-        if not cfg.colocated_sessions or not peers:
-            return self._measure_rows(threads, None)
-        try:
-            # the device's other host processes, stood in for while its curve is measured (spread.py)
-            with spread.Probes(peers, sources=self.runtime.backends.registry.sources,
-                               configs=dict(self.runtime.backends.configs), device=str(self.device),
-                               threads=threads) as probes:
-                return self._measure_rows(threads, probes)
-        except spread.ProbeFailed as e:
-            self.log.warning("device_profile_spread_failed", error=str(e), peers=peers)
-            return self._measure_rows(threads, None)
+        if peers:
+            try:
+                # the device's other host processes, stood in for while its curve is measured (spread.py)
+                with spread.Probes(peers, sources=self.runtime.backends.registry.sources,
+                                   configs=dict(self.runtime.backends.configs), device=str(self.device),
+                                   threads=threads) as probes:
+                    return self._curves(backends, rows, threads, probes)
+            except spread.ProbeFailed as e:
+                self.log.warning("device_profile_spread_failed", error=str(e), peers=peers)
+        return self._curves(backends, rows, threads, None)
 
-    def _measure_rows(self, threads: int, probes: spread.Probes | None) -> list[ProfileRow]:
+    def _curves(self, backends: list[Backend], rows: list[ProfileRow], threads: int,
+                probes: spread.Probes | None) -> list[ProfileRow]:
         cfg: EngineHostConfig = self.config
-        rows = []
-        for info in self.backend_infos:
-            backend = self.runtime.backend(info.name)
-            rows += profile.measure(backend, blocks=cfg.profile_blocks)
-            if cfg.colocated_sessions:
-                rows = profile.measure_colocated(backend, rows, threads=threads, probes=probes,
-                                                 max_sessions=min(cfg.colocated_sessions, cfg.max_sessions))
+        for backend in backends:
+            rows = profile.measure_colocated(backend, rows, threads=threads, probes=probes,
+                                             max_sessions=min(cfg.colocated_sessions, cfg.max_sessions))
         return rows
 
     def _device_peers(self) -> int:

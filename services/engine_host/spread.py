@@ -69,7 +69,10 @@ class Probes:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                 self.procs.append(p)
                 self._send(p, (sources, configs, device, threads))
-        except OSError as e:
+            for p in self.procs:  # up (torch imported): no point is measured beside a probe's own start-up
+                if self._recv(p) != "up":
+                    raise ProbeFailed("a probe process answered out of turn")
+        except (OSError, ProbeFailed) as e:
             self.close()
             raise ProbeFailed(f"a probe process did not start: {e!r}") from e
 
@@ -153,15 +156,16 @@ def serve(inbox: IO[bytes], outbox: IO[bytes]) -> None:
     from services.engine_host.backends import Registry, make_backend
     from services.engine_host.backends.base import scratch_state
 
+    def say(msg: object) -> None:
+        outbox.write(pickle.dumps(msg))
+        outbox.flush()
+
     sources, configs, device, threads = pickle.load(inbox)
     if threads:
         torch.set_num_threads(threads)
     registry = Registry(sources)
     built: dict[str, tuple[Backend, list[dict]]] = {}
-
-    def say(msg: object) -> None:
-        outbox.write(pickle.dumps(msg))
-        outbox.flush()
+    say("up")
 
     while (ask := pickle.load(inbox)) is not None:
         name, tier, k, blocks = ask
