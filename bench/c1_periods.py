@@ -53,10 +53,11 @@ from bench.stack import UpStack
 from libs import bus, names
 from libs.contracts import Contract, Guard, carried, device_key
 from libs.schemas.base import decode
-from libs.schemas.common import EngineEntry, SessionNotice
+from libs.schemas.common import EngineEntry, SessionNotice, SessionSummary
 from libs.schemas.engine import OutputChunk
 from services.admission.service import AdmissionConfig
 from statefleet.engines import host_statuses
+from statefleet.status import read_bucket
 
 TARGET_RATIO = 1.10  # p95 period within 10 % of the contract
 LIMIT = 1.0 - Guard().busy_fraction  # the admission limit of a device's load
@@ -135,6 +136,10 @@ async def run(args, tmp: Path, sessions: int) -> dict:
             cpu = {h: (cpu1[h] - cpu0[h]) / (time.monotonic() - cpu0_at) for h in cpu1 if cpu0 and h in cpu0}
             priced = {c.sid: await priced_share(http, stack.admission_url, c.sid) for c in clients}
         hosts = await live_hosts(nc, args.engines)
+        # what `statefleet status` shows of each session: a shed one is marked there (a notice sent before this
+        # client subscribed, while the offers were still being answered, is missed by `told`)
+        for m in await read_bucket(nc.jetstream(), names.SESSIONS_BUCKET, SessionSummary):
+            told.shown[m.session_id] = m.shed
         statuses = [st for st in await host_statuses(stack.cli_url()) if not isinstance(st, str)]
         await nc.close()
     finally:
@@ -148,6 +153,7 @@ class Notices:
 
     def __init__(self) -> None:
         self.by_session: dict[str, list[str]] = {}
+        self.shown: dict[str, str] = {}  # session → its summary's shed mark at the end ("" if none)
 
     async def heard(self, n: SessionNotice) -> None:
         self.by_session.setdefault(n.session_id, []).append(n.kind)
@@ -168,7 +174,8 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
         ps = periods_ms(c, start, end)
         per[c.sid] = {"host_id": c.host_id, "blocks": len(ps) + 1 if ps else 0, "contract_ms": c.period_s * 1000,
                       "p50_period_ms": statistics.median(ps) if ps else float("nan"), "p95_period_ms": p95(ps),
-                      "p95_over_contract": p95(ps) / (c.period_s * 1000), "notices": told.by_session.get(c.sid, [])}
+                      "p95_over_contract": p95(ps) / (c.period_s * 1000), "notices": told.by_session.get(c.sid, []),
+                      "shed_in_status": told.shown.get(c.sid, "")}
     served = {m.session_id: m for st in statuses for m in st.metrics}
     for sid, r in per.items():
         m = served.get(sid)
@@ -210,7 +217,7 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
         "within_10pct": bool(ratios) and max(ratios) <= TARGET_RATIO,
         "late_sessions": sum(x > TARGET_RATIO for x in ratios),
         "unserved_sessions": len(unwatched),
-        "unserved_untold": sum(not r["notices"] for r in unwatched),
+        "unserved_untold": sum(not r["notices"] and not r["shed_in_status"] for r in unwatched),
         "told_sessions": sum(bool(r["notices"]) for r in per.values()),
         "busy_fraction_max": max(loads, default=0.0), "busy_fraction_limit": LIMIT,
         "over_capacity_s": over,
