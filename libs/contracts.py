@@ -134,12 +134,6 @@ def block_ms_at(row: ProfileRow, k: int) -> float:
     return curve[i] + max(slope, 0.0) * (k - lo)
 
 
-def slowdown(row: ProfileRow, k: int) -> float:
-    """block_ms(k) over block_ms(1): what a host's learned lone price is scaled by for k sessions."""
-    alone = block_ms_at(row, 1)
-    return block_ms_at(row, k) / alone if alone > 0 else 1.0
-
-
 def device_ms(row: ProfileRow, k: int) -> float:
     """Device time one block of each of `k` sessions of this kind takes together: k × block_ms(k)."""
     return k * block_ms_at(row, k) if k > 0 else 0.0
