@@ -1,16 +1,15 @@
 """Probe processes: a device's co-location curve measured with its sessions spread over all its hosts.
 
 `statefleet up` starts two engine-host processes on one machine's CPU, and placement may split a
-device's sessions between them (a failover, a drain, a burst placed before a heartbeat). Two
-processes on one CPU slow each other more than the threads of one process do: each has its own
-interpreter lock and its own stage threads, and the kernel time-slices twelve threads' worth of
-torch and Python over the cores where one process had six (bench.colocation `--split`,
-docs/bench-colocation.md). A curve measured inside one process priced that split device low, and
-it ran past its limit (issue 23). So the device's one measurer also runs each point with the k
-sessions spread over as many processes as the device has hosts: it starts `n - 1` probe processes
-(the same backends, configs and torch threads as a host) which run their share of the k sessions at
-the same moment it runs its own, and the device's cost of a block is the stage time every process
-spent over the blocks they all ran, as the hosts' `DeviceTime` would sum it.
+device's sessions between them (a failover, a drain, a tie). Two processes on one CPU take more stage
+time per block than one process running the same sessions: each process's stages wait while the other
+holds a core (bench.colocation `--split`: 1.3-2.3x by the median of rounds, docs/bench-colocation.md).
+A curve measured inside one process priced such a device low, and it ran past its limit (issue 23).
+So the device's one measurer also runs each point with the k sessions spread over as many processes as
+the device has hosts: it starts `n - 1` probe processes (the same backends, configs and torch threads
+as a host) which run their share of the k sessions at the same moment it runs its own, and the
+device's cost of a block is the stage time every process spent over the blocks they all ran, as the
+hosts' `DeviceTime` would sum it.
 
 The probes are children of the measuring host, not its peer hosts: a peer is still starting (it has
 not built its backends) while the measurer profiles, and a probe needs nothing but the backend; the
