@@ -53,10 +53,11 @@ from bench.stack import UpStack
 from libs import bus, names
 from libs.contracts import Contract, Guard, carried, device_key
 from libs.schemas.base import decode
-from libs.schemas.common import EngineEntry
+from libs.schemas.common import EngineEntry, SessionNotice, SessionSummary
 from libs.schemas.engine import OutputChunk
 from services.admission.service import AdmissionConfig
 from statefleet.engines import host_statuses
+from statefleet.status import read_bucket
 
 TARGET_RATIO = 1.10  # p95 period within 10 % of the contract
 LIMIT = 1.0 - Guard().busy_fraction  # the admission limit of a device's load
@@ -107,6 +108,7 @@ async def run(args, tmp: Path, sessions: int) -> dict:
         nc = await bus.connect(stack.cli_url(), name="bench-c1-periods")
         hosts = await live_hosts(nc, args.engines)
         found = carried(msgspec.convert(contract, Contract), "world", hosts, Guard())
+        told = Notices()
         async with aiohttp.ClientSession(headers=stack.admin_headers()) as http:
             offers = offered_mix(sessions, args.period_ms, args.mix)
             outcomes = await asyncio.gather(*(offer(nc, http, stack.admission_url, c, i + 1, backend=b,
@@ -118,6 +120,7 @@ async def run(args, tmp: Path, sessions: int) -> dict:
                     cl = SessionClient(sid=body["session_id"], token=body["input_token"], input_url=body["input_url"],
                                        host_id=body.get("host_id", ""), period_s=body["contract"]["period_ms"] / 1000)
                     await bus.subscribe_events(nc, names.output_subject(cl.sid), OutputChunk, cl.on_chunk)
+                    await bus.subscribe_events(nc, names.notice_subject(cl.sid), SessionNotice, told.heard)
                     clients.append(cl)
             start = time.monotonic() + args.settle_s  # past start-up and the first step-downs
             end = start + args.seconds
@@ -133,12 +136,27 @@ async def run(args, tmp: Path, sessions: int) -> dict:
             cpu = {h: (cpu1[h] - cpu0[h]) / (time.monotonic() - cpu0_at) for h in cpu1 if cpu0 and h in cpu0}
             priced = {c.sid: await priced_share(http, stack.admission_url, c.sid) for c in clients}
         hosts = await live_hosts(nc, args.engines)
+        # what `statefleet status` shows of each session: a shed one is marked there (a notice sent before this
+        # client subscribed, while the offers were still being answered, is missed by `told`)
+        for m in await read_bucket(nc.jetstream(), names.SESSIONS_BUCKET, SessionSummary):
+            told.shown[m.session_id] = m.shed
         statuses = [st for st in await host_statuses(stack.cli_url()) if not isinstance(st, str)]
         await nc.close()
     finally:
         stack.stop()
-    return report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced) \
-        | {"engine_cpu_fraction": cpu}
+    return report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced,
+                  told) | {"engine_cpu_fraction": cpu}
+
+
+class Notices:
+    """Every `SessionNotice` the watched sessions' clients were sent (shed, capacity lost, resumed)."""
+
+    def __init__(self) -> None:
+        self.by_session: dict[str, list[str]] = {}
+        self.shown: dict[str, str] = {}  # session → its summary's shed mark at the end ("" if none)
+
+    async def heard(self, n: SessionNotice) -> None:
+        self.by_session.setdefault(n.session_id, []).append(n.kind)
 
 
 async def priced_share(http: aiohttp.ClientSession, admission_url: str, sid: str) -> float:
@@ -149,13 +167,15 @@ async def priced_share(http: aiohttp.ClientSession, admission_url: str, sid: str
     return float("nan")
 
 
-def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced) -> dict:
+def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples, found, baseline, priced,
+           told) -> dict:
     per = {}
     for c in clients:
         ps = periods_ms(c, start, end)
         per[c.sid] = {"host_id": c.host_id, "blocks": len(ps) + 1 if ps else 0, "contract_ms": c.period_s * 1000,
                       "p50_period_ms": statistics.median(ps) if ps else float("nan"), "p95_period_ms": p95(ps),
-                      "p95_over_contract": p95(ps) / (c.period_s * 1000)}
+                      "p95_over_contract": p95(ps) / (c.period_s * 1000), "notices": told.by_session.get(c.sid, []),
+                      "shed_in_status": told.shown.get(c.sid, "")}
     served = {m.session_id: m for st in statuses for m in st.metrics}
     for sid, r in per.items():
         m = served.get(sid)
@@ -168,7 +188,10 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
             r |= {"host_p95_period_ms": m.chunk_period_p95_ms, "tier": m.tier, "tier_changes": m.tier_changes,
                   "skipped_blocks": m.skipped_blocks, "playout_hold_p95_ms": m.playout_hold_p95_ms,
                   "control_to_output_p95_ms": m.control_to_output_p95_ms}
-    ratios = [r["p95_over_contract"] for r in per.values()]
+    # A session with no period watched was not served in the window: told (shed, capacity lost) or not,
+    # it is counted apart, never as a ratio (a NaN would hide every other session's)
+    ratios = [r["p95_over_contract"] for r in per.values() if r["blocks"] >= 2]
+    unwatched = [r for r in per.values() if r["blocks"] < 2]
     host_ratios = [r["host_p95_period_ms"] / r["contract_ms"] for r in per.values() if "host_p95_period_ms" in r]
     holds = [r["playout_hold_p95_ms"] for r in per.values() if "playout_hold_p95_ms" in r]
     reasons: dict[str, int] = {}
@@ -193,6 +216,9 @@ def report(args, outcomes, offers, clients, start, end, hosts, statuses, samples
         "p95_over_contract_median": statistics.median(ratios) if ratios else float("nan"),
         "within_10pct": bool(ratios) and max(ratios) <= TARGET_RATIO,
         "late_sessions": sum(x > TARGET_RATIO for x in ratios),
+        "unserved_sessions": len(unwatched),
+        "unserved_untold": sum(not r["notices"] and not r["shed_in_status"] for r in unwatched),
+        "told_sessions": sum(bool(r["notices"]) for r in per.values()),
         "busy_fraction_max": max(loads, default=0.0), "busy_fraction_limit": LIMIT,
         "over_capacity_s": over,
         "capacity_model": model, "capacity_model_by_device": found,
@@ -226,6 +252,8 @@ def summary(rounds: list[dict]) -> dict:
         "admitted": min(r["admitted"] for r in rounds),
         "within_10pct": all(r["within_10pct"] for r in rounds),
         "late_sessions_max": max(r["late_sessions"] for r in rounds),
+        "unserved_sessions_max": max(r["unserved_sessions"] for r in rounds),
+        "unserved_untold_max": max(r["unserved_untold"] for r in rounds),
         "busy_fraction_max": max(r["busy_fraction_max"] for r in rounds),
         "busy_within_limit": all(r["busy_fraction_max"] <= LIMIT + 0.05 for r in rounds),
         "over_capacity_s_max": max(r["over_capacity_s"] for r in rounds),
@@ -283,6 +311,8 @@ def main() -> None:
              f"target <= {TARGET_RATIO}: {'met' if s['within_10pct'] else 'MISSED'}"),
             (f"[{level}] late sessions (most in a round), unanswered", f"{s['late_sessions_max']}, {s['unanswered']}",
              "target 0, 0"),
+            (f"[{level}] admitted C1 not served while watched (most in a round), of them untold",
+             f"{s['unserved_sessions_max']}, {s['unserved_untold_max']}", "shed or capacity_lost is told"),
             (f"[{level}] busy_fraction_max, over_capacity_s (worst round)",
              f"{s['busy_fraction_max']:.2f}, {s['over_capacity_s_max']:.1f}",
              f"target <= {LIMIT + 0.05:.2f}: {'met' if s['busy_within_limit'] else 'MISSED'}"),

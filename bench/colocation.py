@@ -1,6 +1,6 @@
 """Co-location benchmark: block ms at 1, 2, 4, … concurrent scratch sessions, as engine hosts run them.
 
-    flock /tmp/sf-bench.lock python -m bench.colocation [--quick] --json PATH
+    flock /tmp/sf-bench.lock python -m bench.colocation [--quick] [--split] --json PATH
 
 Two arms per backend and tier, interleaved round by round:
 
@@ -11,6 +11,11 @@ Two arms per backend and tier, interleaved round by round:
   `two_hosts_device_block_ms` is the device's: both hosts' wall time over all their blocks;
   `two_hosts_per_host_block_ms` is one host's wall time over its own blocks (2× the device's);
 - `one_host_all_cores`: one process at every core (a host alone on the machine).
+
+`--split` instead runs world t1 at k = 2, 4, 8, 16 sessions in one process against the same k split
+over two processes (and 16 as 10 / 6), through the probe processes start-up uses
+(`services.engine_host.spread`), and reports per block both the device's wall time and its stage
+time (every process's stage seconds over the blocks run: what the hosts' measured load sums).
 
 The figure is the device time one block takes while k sessions keep the device busy; the capacity a
 contract gets is the largest k with `k × blocks_per_window × block_ms(k) / window` within the limit
@@ -74,7 +79,39 @@ def one_host(name: str, tier: int, k: int, blocks: int, threads: int) -> float:
     backend = make_backend(Registry(), name, b"", torch.device("cpu"))
     states = [colocated.scratch_state(backend, seed=i) for i in range(k)]
     colocated.run_blocks(backend, tier, states, 2, threads)
-    return colocated.run_blocks(backend, tier, states, blocks, threads)
+    return colocated.run_blocks(backend, tier, states, blocks, threads).wall_ms
+
+
+SPLITS = ((2, (1, 1)), (4, (2, 2)), (8, (4, 4)), (16, (8, 8)), (16, (10, 6)))
+
+
+def split(name: str, tier: int, blocks: int, threads: int, rounds: int) -> dict[str, Any]:
+    """`--split`: k sessions in one process against the same k split over two processes, both arms
+    through `services.engine_host.spread.Probes` (this process and one probe process, each at a host's
+    torch threads, all at once), interleaved round by round. Per arm: the device's wall ms per block
+    (throughput) and its stage ms per block (every process's stage seconds over the blocks: what the
+    hosts' `measured_fraction` sums), the fastest round of each."""
+    import torch
+
+    from services.engine_host import spread
+    from services.engine_host.backends import Registry, make_backend
+    from services.engine_host.backends.base import scratch_state
+
+    torch.set_num_threads(threads)
+    registry = Registry()
+    backend = make_backend(registry, name, b"", torch.device("cpu"))
+    states = [scratch_state(backend, seed=i) for i in range(max(k for k, _ in SPLITS))]
+    arms: dict[str, list[Any]] = {}
+    arrangements = list(dict.fromkeys(a for k, parts in SPLITS for a in ((k, 0), parts)))  # (here, in the probe)
+    with spread.Probes(1, sources=registry.sources, configs={}, device="cpu", threads=threads) as probes:
+        for r in range(rounds):
+            for share in arrangements:
+                label = f"k={sum(share)} {share[0]}/{share[1]}"
+                print(f"split {name} t{tier} {label} round {r + 1}", file=sys.stderr)
+                arms.setdefault(label, []).append(probes.run(backend, tier, states, share, blocks, threads))
+    return {label: {"wall_ms": round(min(x.wall_ms for x in runs), 3),
+                    "stage_ms": round(min(x.stage_ms for x in runs), 3),
+                    "rounds_stage_ms": [round(x.stage_ms, 3) for x in runs]} for label, runs in arms.items()}
 
 
 def main() -> None:
@@ -84,9 +121,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--curve", type=Path, help="also write world t1's one-host curve here, as bench.fleet's "
                    "--colocation-curve reads it")
+    p.add_argument("--split", action="store_true", help="only k sessions in one process against the same k "
+                   "split over two processes (world t1)")
     args = p.parse_args()
     cores = torch_threads.machine_cores()
     blocks = 10 if args.quick else 30
+    if args.split:
+        half = torch_threads.default_count(cores, 2)
+        out = {"cores": cores, "threads": half, "blocks_per_session": blocks, "rounds": args.rounds,
+               "world_t1": split("world", 1, blocks, half, args.rounds)}
+        table([(f"world_t1 {label}", f"wall {v['wall_ms']} ms, stage {v['stage_ms']} ms", "per block, device")
+               for label, v in out["world_t1"].items()])
+        write(args.json, out)
+        return
     cases = [("world", 1), ("world", 4), ("dit", 1)]
     res: dict[str, Any] = {"cores": cores, "blocks_per_session": blocks, "ks": list(KS), "rounds": args.rounds}
     rows = []

@@ -134,12 +134,6 @@ def block_ms_at(row: ProfileRow, k: int) -> float:
     return curve[i] + max(slope, 0.0) * (k - lo)
 
 
-def slowdown(row: ProfileRow, k: int) -> float:
-    """block_ms(k) over block_ms(1): what a host's learned lone price is scaled by for k sessions."""
-    alone = block_ms_at(row, 1)
-    return block_ms_at(row, k) / alone if alone > 0 else 1.0
-
-
 def device_ms(row: ProfileRow, k: int) -> float:
     """Device time one block of each of `k` sessions of this kind takes together: k × block_ms(k)."""
     return k * block_ms_at(row, k) if k > 0 else 0.0
@@ -224,15 +218,38 @@ def device_view(h: EngineEntry, peers: Sequence[EngineEntry], held: Mapping[str,
     the same load to the last bit (placement's ties between them are then ties, not rounding)."""
     others = [p for p in peers if p.host_id != h.host_id]
     peer_sessions = sum(p.sessions + len(held[p.host_id]) for p in others)
+    rows = device_rows(h, peers)
     if fold_own:
         busy = sum(p.busy_fraction + sum(d.busy_fraction for d in held[p.host_id]) for p in peers)
         taken = sum(d.state_bytes for p in peers for d in held[p.host_id])
         return msgspec.structs.replace(h, busy_fraction=busy, free_memory_bytes=h.free_memory_bytes - taken,
-                                       sessions=h.sessions + len(held[h.host_id]), peer_sessions=peer_sessions)
+                                       sessions=h.sessions + len(held[h.host_id]), peer_sessions=peer_sessions,
+                                       profile=rows)
     busy = h.busy_fraction + sum(p.busy_fraction + sum(d.busy_fraction for d in held[p.host_id]) for p in others)
     taken = sum(d.state_bytes for p in others for d in held[p.host_id])
     return msgspec.structs.replace(h, busy_fraction=busy, free_memory_bytes=h.free_memory_bytes - taken,
-                                   peer_sessions=peer_sessions)
+                                   peer_sessions=peer_sessions, profile=rows)
+
+
+def device_rows(h: EngineEntry, peers: Sequence[EngineEntry]) -> list[ProfileRow]:
+    """`h`'s rows at its device's cost: each at the dearest block any host of the device has learned for
+    that backend and tier (its heartbeat's refreshed row). One device has one cost: a host serving
+    nothing still carries start-up's, a host serving the device's sessions what they cost now, and
+    reading the cheap one priced the idle process's next session below what the device then ran (and
+    split the device's sessions over its processes, which costs it more: docs/bench-colocation.md).
+    Only `h`'s own rows, and only their costs: a backend only a peer serves is not offered by `h`."""
+    dearest: dict[tuple[str, int], ProfileRow] = {}
+    for p in peers:
+        for r in p.profile:
+            key = (r.backend, r.tier)
+            if key not in dearest or r.block_ms > dearest[key].block_ms:
+                dearest[key] = r
+    out = []
+    for r in h.profile:
+        d = dearest[(r.backend, r.tier)]
+        out.append(r if d.block_ms <= r.block_ms else  # the costs only: sizes are the host's own config's
+                   msgspec.structs.replace(r, block_ms=d.block_ms, quantum_ms=d.quantum_ms, colocated=d.colocated))
+    return out
 
 
 def carried(contract: Contract, backend: str, hosts: Sequence[EngineEntry], guard: Guard) -> dict[str, int]:

@@ -73,7 +73,8 @@ class ProfileRow(Msg):
     init_kinds: list[str] = []
     max_init_bytes: int = 0
     # Block ms at 1, 2, 4, 8, … sessions of this kind running at once on the device (up to the host's
-    # measured limit; [] = not measured): what `contracts.device_ms` prices k sessions at (issue 23).
+    # measured limit; [] = not measured): stage ms per block, the dearer of the sessions in one process
+    # and spread over the device's host processes; what `contracts.device_ms` prices k sessions at (issue 23).
     colocated: list[float] = []
 
 

@@ -6,8 +6,11 @@ contend for the same cores (and on a GPU their kernels for the same SMs), and a 
 the lone block's cost was admitted past what it carried (issue 23). So start-up also runs k scratch
 sessions through the stages the way the host's pipeline does (one thread per stage, each session's
 blocks strictly in order, the sessions' blocks handed out round-robin) and prices a block at k as
-the wall time all of them took over the blocks they ran: the device time one block takes when k
-sessions keep it busy.
+the stage time all of them took over the blocks they ran: the device load one block makes when k
+sessions share the device, counted as the hosts count what they measure (`DeviceTime`: every
+stage's own wall time) and as serving learns a block's cost (the sum of its stage times), so the
+curve, the learned prices and the measured load are one quantity. Where the device has several host
+processes, the points are also measured spread over them (`spread.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
 
 from services.engine_host import torch_threads
 from services.engine_host.backends import Backend
@@ -29,32 +33,69 @@ def concurrencies(max_sessions: int) -> list[int]:
 
 
 def curve(backend: Backend, tier: int, ks: Sequence[int], *, blocks: int = 2, reps: int = 3,
-          threads: int = 0) -> list[float]:
-    """Block ms at each k in `ks`: the fastest of `reps` runs of k sessions × `blocks` blocks (noise
-    only ever adds time, as in `profile.measure`). Blocking: call it from a thread."""
+          threads: int = 0, probes: Spreader | None = None) -> list[float]:
+    """Stage ms per block at each k in `ks` (what the device's measured load counts a block at): the
+    fastest of `reps` runs of k sessions × `blocks` blocks (noise only ever adds time, as in
+    `profile.measure`). With `probes` (the device has more host processes than this one), each point is
+    also run with the k sessions spread over all of them at once, and the point is the dearer of the
+    two: placement does not promise which process of a device a session lands on, and two processes
+    on one CPU take more stage time per block than one (docs/bench-colocation.md). Blocking: call it
+    from a thread."""
     states = [scratch_state(backend, seed=i) for i in range(max(ks))]
     out = []
     for k in ks:
         run_blocks(backend, tier, states[:k], 1, threads)  # warm-up: caches filled at this k
-        out.append(min(run_blocks(backend, tier, states[:k], blocks, threads) for _ in range(reps)))
+        point = min(run_blocks(backend, tier, states[:k], blocks, threads).stage_ms for _ in range(reps))
+        if probes is not None and k > 1:
+            share = spread_shares(k, probes.processes)
+            point = max(point, min(probes.run(backend, tier, states, share, blocks, threads).stage_ms
+                                   for _ in range(reps)))
+        out.append(point)
     return out
 
 
-def run_blocks(backend: Backend, tier: int, states: list[dict], blocks: int, threads: int) -> float:
-    """Ms per block of `blocks` blocks of every state through three stage threads (one block of a
-    session in flight at a time, as the pipeline's strict per-session order allows). A lone session's
-    blocks cross every stage on one thread, as the pipeline runs them when nothing else waits."""
+class Run(NamedTuple):
+    """One run of k sessions' blocks, per block: `wall_ms` is the wall time over the blocks run (the
+    device's throughput), `stage_ms` the stage seconds they took, summed over the stages: what a host's
+    `DeviceTime` counts as the device load a block made (stages that overlap, or wait for a core a peer
+    holds, each count their own wall time)."""
+
+    wall_ms: float
+    stage_ms: float
+
+
+class Spreader(Protocol):
+    """Runs a point with its sessions spread over the device's host processes (`spread.Probes`)."""
+
+    processes: int  # this one and the probes
+
+    def run(self, backend: Backend, tier: int, states: list[dict], share: Sequence[int], blocks: int,
+            threads: int) -> Run: ...
+
+
+def spread_shares(k: int, processes: int) -> list[int]:
+    """`k` sessions over `processes` processes, round-robin (the first gets the remainder)."""
+    return [k // processes + (1 if i < k % processes else 0) for i in range(processes)]
+
+
+def run_blocks(backend: Backend, tier: int, states: list[dict], blocks: int, threads: int) -> Run:
+    """`blocks` blocks of every state through three stage threads (one block of a session in flight at
+    a time, as the pipeline's strict per-session order allows). A lone session's blocks cross every
+    stage on one thread, as the pipeline runs them when nothing else waits."""
     if len(states) == 1:
         return _alone(backend, tier, states[0], blocks, threads)
     edges: list[queue.Queue] = [queue.Queue() for _ in range(3)]
     done: queue.Queue = queue.Queue()
     carry: dict[int, object] = {}
+    spent = [0.0, 0.0, 0.0]  # stage seconds, one slot per stage thread (each writes its own)
 
-    def stage(inbox: queue.Queue, out: queue.Queue, body: Callable[[int], None]) -> None:
+    def stage(n: int, inbox: queue.Queue, out: queue.Queue, body: Callable[[int], None]) -> None:
         if threads:
             torch_threads.pin(threads)
         while (i := inbox.get()) is not None:
+            t = time.perf_counter()
             body(i)
+            spent[n] += time.perf_counter() - t
             out.put(i)
         out.put(None)
 
@@ -68,9 +109,9 @@ def run_blocks(backend: Backend, tier: int, states: list[dict], blocks: int, thr
         backend.decode(states[i], carry.pop(i))
         sync(backend)
 
-    workers = [threading.Thread(target=stage, args=(edges[0], edges[1], enc), daemon=True),
-               threading.Thread(target=stage, args=(edges[1], edges[2], den), daemon=True),
-               threading.Thread(target=stage, args=(edges[2], done, dec), daemon=True)]
+    workers = [threading.Thread(target=stage, args=(0, edges[0], edges[1], enc), daemon=True),
+               threading.Thread(target=stage, args=(1, edges[1], edges[2], den), daemon=True),
+               threading.Thread(target=stage, args=(2, edges[2], done, dec), daemon=True)]
     t0 = time.perf_counter()
     for w in workers:
         w.start()
@@ -88,17 +129,19 @@ def run_blocks(backend: Backend, tier: int, states: list[dict], blocks: int, thr
     edges[0].put(None)
     for w in workers:
         w.join()
-    return (time.perf_counter() - t0) * 1000 / (blocks * len(states))
+    n = blocks * len(states)
+    return Run(wall_ms=(time.perf_counter() - t0) * 1000 / n, stage_ms=sum(spent) * 1000 / n)
 
 
-def _alone(backend: Backend, tier: int, state: dict, blocks: int, threads: int) -> float:
+def _alone(backend: Backend, tier: int, state: dict, blocks: int, threads: int) -> Run:
     if threads:
         torch_threads.pin(threads)
     t0 = time.perf_counter()
     for _ in range(blocks):
         backend.decode(state, backend.denoise(state, backend.encode(state, []), tier))
         sync(backend)
-    return (time.perf_counter() - t0) * 1000 / blocks
+    ms = (time.perf_counter() - t0) * 1000 / blocks
+    return Run(wall_ms=ms, stage_ms=ms)
 
 
 def sync(backend: Backend) -> None:

@@ -8,7 +8,7 @@ a host that finds the key claimed waits for those rows (bounded: a claimer that 
 bucket's TTL clears, and the waiter measures itself after `wait_s`; a host that finds its own claim,
 having restarted mid-measurement, takes it over at once) and serves with them. The key
 covers what the rows depend on besides the device: the backends and their configs, and the host's
-torch thread count.
+torch thread count, and the host processes the device's curve was measured across (`spread.py`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ CLAIM = b"measuring:"  # + the claiming host's id: a claim, not rows yet
 _ROWS = msgspec.msgpack.Decoder(list[ProfileRow])
 
 
-def device_profile_key(machine: str, device: str, shapes: Iterable[str], threads: int) -> str:
-    """A KV-safe key naming the device and what its rows depend on (`costs.shape_of` per backend)."""
-    text = "\n".join([machine, device, str(threads), *sorted(shapes)])
+def device_profile_key(machine: str, device: str, shapes: Iterable[str], threads: int, *, processes: int = 1) -> str:
+    """A KV-safe key naming the device and what its rows depend on (`costs.shape_of` per backend, and how
+    many host processes the curve was spread over)."""
+    text = "\n".join([machine, device, str(threads), *sorted(shapes)] + ([f"processes={processes}"] if processes > 1 else []))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

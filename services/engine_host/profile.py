@@ -61,13 +61,14 @@ def measure(backend: Backend, *, blocks: int = 3, warmup: int = 1) -> list[Profi
 
 
 def measure_colocated(backend: Backend, rows: list[ProfileRow], *, max_sessions: int, threads: int = 0,
-                      blocks: int = 2, reps: int = 2) -> list[ProfileRow]:
+                      blocks: int = 2, reps: int = 2, probes: colocated.Spreader | None = None) -> list[ProfileRow]:
     """`rows` (this backend's, from `measure`) with their co-location curve: block ms at 1, 2, 4, …
     concurrent scratch sessions up to `max_sessions`, run through the stages as the host's pipeline runs
-    them (`colocated.curve`). Blocking: call it from a thread."""
+    them, and spread over the device's other host processes too where it has some (`probes`;
+    `colocated.curve`). Blocking: call it from a thread."""
     ks = colocated.concurrencies(max_sessions)
     return [msgspec.structs.replace(r, colocated=colocated.curve(backend, r.tier, ks, blocks=blocks, reps=reps,
-                                                                 threads=threads))
+                                                                 threads=threads, probes=probes))
             if r.backend == backend.name else r for r in rows]
 
 

@@ -30,7 +30,7 @@ import structlog
 import torch
 
 from libs.checkpoint import CheckpointStore, tree_bytes
-from libs.contracts import slowdown
+from libs.contracts import block_ms_at
 from libs.errors import BadRequest, Conflict
 from libs.fence.block_journal import BlockJournal
 from libs.schemas.common import BackendInfo, InputItem, ProfileRow
@@ -288,17 +288,26 @@ class EngineRuntime:
         (`contracts.demand` at the floor row), so the two count the same thing; the scheduler steps
         sessions down toward their floors whenever what they are served at would not fit. A session held
         at a block boundary (a checkpoint, a move) still counts: it resumes; a suspended one does not."""
-        suspended = {s.sid for s in self.sessions if s.status == "suspended"}
-        counted = [t for t in self.sched.tasks.values() if t.cls in PERIODIC and t.sid not in suspended]
-        return sum(self.costs.price(t.shape, t.ladder[0]) * self._slowdown(t.shape, t.ladder[0], len(counted))
-                   / t.period_s for t in counted)
+        counted = self._counted()
+        return sum(self._priced_at(t.shape, t.ladder[0], len(counted)) / t.period_s for t in counted)
 
-    def _slowdown(self, shape: str, tier: int, k: int) -> float:
-        """How much slower a block runs with `k` sessions on this host than alone, as its start-up
-        co-location curve says (`contracts.slowdown`; 1 without one): so the load this host reports
-        for k sessions is what admission's marginal prices summed to."""
+    def _priced_at(self, shape: str, tier: int, k: int) -> float:
+        """A block's seconds with `k` sessions on this host: what serving learned (`CostModel.price`),
+        or its start-up co-location curve's block at k (`contracts.block_ms_at`), whichever is dearer.
+        The learned price was learned at the concurrency the host ran at, so co-location is in it
+        already: scaling it by the curve's slowdown counted co-location twice (sixteen sessions priced at
+        1.36-1.42 of the device while it measured 0.76, `bench.c1_periods` 2026-12-03 17:06, and the
+        sessions relief shed could not resume by price). The curve covers a price that has not caught
+        up with k yet (a burst just admitted), so the report is never below what admission's marginal
+        prices summed to."""
+        learned = self.costs.price(shape, tier)
         row = self._curves.get((shape, tier))
-        return slowdown(row, k) if row is not None else 1.0
+        return max(learned, block_ms_at(row, k) / 1000) if row is not None else learned
+
+    def _counted(self) -> list:
+        """The periodic sessions the device's load counts: every one not suspended."""
+        suspended = {s.sid for s in self.sessions if s.status == "suspended"}
+        return [t for t in self.sched.tasks.values() if t.cls in PERIODIC and t.sid not in suspended]
 
     def measured_fraction(self) -> float:
         """Share of wall time this host's stages measured themselves running, over the last few seconds."""
@@ -316,13 +325,17 @@ class EngineRuntime:
         the denoise stage is kept (placement's latency model reads `block_ms − quantum_ms`), and so does
         the co-location curve: the device runs every concurrency that much slower than start-up found."""
         out = []
+        k = max(1, len(self._counted()))
         for r in rows:
             learned = self.costs.price(shape_of(self.backend(r.backend)), r.tier) * 1000
-            if learned <= 0 or learned == r.block_ms or r.block_ms <= 0:
+            # learned at the host's concurrency: compared with the curve's block at that k, so the
+            # co-location the curve already prices is not scaled in a second time
+            at_k = block_ms_at(r, k)
+            if learned <= 0 or learned <= at_k or r.block_ms <= 0 or at_k <= 0:
                 out.append(r)
                 continue
-            ratio = learned / r.block_ms
-            out.append(msgspec.structs.replace(r, quantum_ms=r.quantum_ms * ratio, block_ms=learned,
+            ratio = learned / at_k
+            out.append(msgspec.structs.replace(r, quantum_ms=r.quantum_ms * ratio, block_ms=r.block_ms * ratio,
                                                colocated=[ms * ratio for ms in r.colocated]))
         return out
 

@@ -37,9 +37,9 @@ from libs.schemas.engine import (
 )
 from libs.service import VERSION, Service
 from libs.telemetry import traced
-from services.engine_host import device_profile, profile, torch_threads
+from services.engine_host import device_profile, profile, spread, torch_threads
 from services.engine_host.assignments import Assignments
-from services.engine_host.backends import AvatarConfig, Registry, WorldConfig
+from services.engine_host.backends import AvatarConfig, Backend, Registry, WorldConfig
 from services.engine_host.costs import shape_of
 from services.engine_host.runtime import EngineRuntime
 
@@ -236,7 +236,8 @@ class EngineHostService(Service):
         kv = await bus.ensure_kv(self.js, names.DEVICE_PROFILES_BUCKET, ttl_s=names.DEVICE_PROFILES_TTL_S,
                                  replicas=self.config.nats_replicas)
         backends = [self.runtime.backend(info.name) for info in self.backend_infos]
-        key = device_profile.device_profile_key(ident, str(self.device), map(shape_of, backends), threads)
+        key = device_profile.device_profile_key(ident, str(self.device), map(shape_of, backends), threads,
+                                                processes=self._device_peers() + 1)
         rows, measured = await device_profile.shared_rows(kv, key, self.host_id, measure,
                                                            wait_s=self.config.device_profile_wait_s)
         self.log.info("device_profile", key=key, measured_here=measured, rows=len(rows))
@@ -244,14 +245,35 @@ class EngineHostService(Service):
 
     def _measure_profile(self, threads: int) -> list[ProfileRow]:
         cfg: EngineHostConfig = self.config
-        rows = []
-        for info in self.backend_infos:
-            backend = self.runtime.backend(info.name)
-            rows += profile.measure(backend, blocks=cfg.profile_blocks)
-            if cfg.colocated_sessions:
-                rows = profile.measure_colocated(backend, rows, threads=threads,
-                                                 max_sessions=min(cfg.colocated_sessions, cfg.max_sessions))
+        backends = [self.runtime.backend(info.name) for info in self.backend_infos]
+        # every lone block first, before a probe process starts: its start-up would be in them
+        rows = [r for b in backends for r in profile.measure(b, blocks=cfg.profile_blocks)]
+        if not cfg.colocated_sessions:
+            return rows
+        peers = self._device_peers()
+        if peers:
+            try:
+                # the device's other host processes, stood in for while its curve is measured (spread.py)
+                with spread.Probes(peers, sources=self.runtime.backends.registry.sources,
+                                   configs=dict(self.runtime.backends.configs), device=str(self.device),
+                                   threads=threads) as probes:
+                    return self._curves(backends, rows, threads, probes)
+            except spread.ProbeFailed as e:
+                self.log.warning("device_profile_spread_failed", error=str(e), peers=peers)
+        return self._curves(backends, rows, threads, None)
+
+    def _curves(self, backends: list[Backend], rows: list[ProfileRow], threads: int,
+                probes: spread.Probes | None) -> list[ProfileRow]:
+        cfg: EngineHostConfig = self.config
+        for backend in backends:
+            rows = profile.measure_colocated(backend, rows, threads=threads, probes=probes,
+                                             max_sessions=min(cfg.colocated_sessions, cfg.max_sessions))
         return rows
+
+    def _device_peers(self) -> int:
+        """The other host processes that share this host's device: on a CPU, the machine's other engine
+        hosts (`hosts_on_machine`, which `statefleet up` sets); a GPU is one host's."""
+        return self.config.hosts_on_machine - 1 if self.device.type == "cpu" else 0
 
     @staticmethod
     def _sync(fn: Callable[[Any], Msg]) -> Callable[[Any], Awaitable[Msg]]:

@@ -80,3 +80,18 @@ def test_two_hosts_on_one_device_sharing_rows_yield_the_devices_capacity_once():
     views = pooled([on("e0", "m1", sessions=2, busy=0.3), on("e1", "m1")], lambda h: [])
     e = estimate(c1(), "world", views["e1"], [], guard)
     assert (e.device_sessions, e.busy_fraction, e.host_busy_fraction) == (2, pytest.approx(0.3), pytest.approx(0.3))
+
+
+def test_the_hosts_of_one_device_price_it_at_the_dearest_cost_any_of_them_learned():
+    # e0 serves the device's sessions and learned its block at twice start-up's; e1, idle, still carries
+    # start-up's rows. Read from e1's rows the device would take its next session at half its cost
+    dear = msgspec.structs.replace(RISING, block_ms=20.0, quantum_ms=14.0, colocated=[20.0, 30.0, 50.0])
+    e0 = msgspec.structs.replace(on("e0", "m1", sessions=1, busy=0.2), profile=[dear])
+    e1 = on("e1", "m1")
+    views = pooled([e0, e1], lambda h: [])
+    assert views["e1"].profile == views["e0"].profile == [dear]
+    guard = Guard(busy_fraction=0.1)
+    assert estimate(c1(), "world", views["e1"], [], guard).busy_fraction == \
+        estimate(c1(), "world", views["e0"], [], guard).busy_fraction == pytest.approx(0.4)  # 2 × 30 − 20, per 100 ms
+    # a host alone on its device keeps its own rows
+    assert pooled([e1], lambda h: [])["e1"].profile == [RISING]

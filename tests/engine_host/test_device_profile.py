@@ -1,4 +1,4 @@
-"""Hosts that share a device profile it once (services/engine_host/device_profile.py), on a real NATS server."""
+"""Hosts that share a device profile it once, measured across their processes (services/engine_host/device_profile.py,\nspread.py), on a real NATS server."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ import asyncio
 import msgspec
 
 from libs import bus, names
+from libs.contracts import Guard, carried
+from libs.motion import machine
 from libs.schemas.base import decode
 from libs.schemas.common import EngineEntry, ProfileRow
 from services.engine_host import colocated, device_profile
+from services.engine_host.costs import shape_of
 from services.engine_host.service import EngineHostConfig, EngineHostService
+from tests.support.fleet_rows import c1
 
 ROW = ProfileRow(backend="world", tier=1, quantum_ms=1.0, block_ms=2.0, state_bytes=10, media_s_per_block=0.1,
                  colocated=[2.0, 2.5])
@@ -37,6 +41,13 @@ async def test_two_hosts_on_one_device_measure_once_and_serve_the_same_rows(nats
     # and both heartbeats carry them with the co-location curve at 1, 2, 4 sessions
     assert entries[0].machine == entries[1].machine
     assert all(len(r.colocated) == len(colocated.concurrencies(4)) == 3 and min(r.colocated) > 0 for r in rows)
+    # the curve was measured with the sessions spread over the device's two host processes (the key says
+    # across how many), and the two hosts report the device's capacity once
+    shapes = [shape_of(hosts[0].runtime.backend(i.name)) for i in hosts[0].backend_infos]
+    assert published[0].key == device_profile.device_profile_key(machine.identity(), "cpu", shapes,
+                                                                 entries[0].threads, processes=2)
+    one = carried(c1(), "world", entries[:1], Guard())
+    assert carried(c1(), "world", entries, Guard()) == one and sum(one.values()) > 0
 
 
 async def test_a_waiting_host_takes_the_published_rows_and_measures_itself_when_none_come(nc):

@@ -426,25 +426,61 @@ async def test_the_heartbeat_load_is_what_admission_budgets_and_the_profile_foll
         await rt.stop()
 
 
+def curved_row():
+    """A world row with a co-location curve (100 ms alone, 150 at two), priced far above what a world block
+    takes even on a loaded machine: the price is never below it."""
+    from libs.schemas.common import ProfileRow
+
+    return ProfileRow(backend="world", tier=1, quantum_ms=50.0, block_ms=100.0, state_bytes=1, media_s_per_block=0.1,
+                      colocated=[100.0, 150.0])
+
+
+async def two_c1_sessions(row) -> EngineRuntime:
+    """A started runtime seeded with `row`, serving two C1 world sessions at a 1 s period (stop it)."""
+    rt = EngineRuntime("cpu", host_id="h1", publish=Outputs())
+    rt.seed_costs([row])
+    await rt.start()
+    for i in range(2):
+        await rt.open(OpenSession(session_id=f"c{i}", backend="world", seed=i, session_class="C1",
+                                  period_ms=1000.0, quality_floor=1))
+    return rt
+
+
 async def test_the_heartbeat_load_of_k_sessions_is_what_their_marginal_prices_sum_to():
     """With a co-location curve, k sessions are reported at k × block(k), the device time admission's
     marginal prices (`contracts.demand` at 0, 1, … sessions) added up to."""
     from libs.contracts import Contract, demand
-    from libs.schemas.common import ProfileRow
 
-    rt = EngineRuntime("cpu", host_id="h1", publish=Outputs())
-    # priced far above what a world block takes even on a loaded machine: the price is never below it
-    row = ProfileRow(backend="world", tier=1, quantum_ms=50.0, block_ms=100.0, state_bytes=1, media_s_per_block=0.1,
-                     colocated=[100.0, 150.0])
-    rt.seed_costs([row])
-    await rt.start()
+    row = curved_row()
+    rt = await two_c1_sessions(row)
     try:
         contract = Contract(session_class="C1", quality_floor=1, determinism="T1", period_ms=1000.0)
-        for i in range(2):
-            await rt.open(OpenSession(session_id=f"c{i}", backend="world", seed=i, session_class="C1",
-                                      period_ms=1000.0, quality_floor=1))
         admitted = demand(contract, row, 0).busy_fraction + demand(contract, row, 1).busy_fraction
         assert rt.busy_fraction() == pytest.approx(admitted) == pytest.approx(2 * 150.0 / 1000.0)
+    finally:
+        await rt.stop()
+
+
+async def test_a_price_learned_beside_k_sessions_is_not_slowed_down_again_by_the_curve():
+    """Serving learns a block's cost at the concurrency it runs at, co-location included: the load reported
+    for k sessions is that price or the curve's block at k, whichever is dearer, never the learned price
+    scaled by the curve a second time; the heartbeat's rows scale the curve by learned over the curve at k."""
+    from libs.contracts import floor_row
+
+    row = curved_row()
+    rt = await two_c1_sessions(row)
+    try:
+        shape = rt.sched.tasks["c0"].shape
+        for _ in range(40):  # two sessions' blocks took 150 ms each: what the curve said of k = 2
+            rt.costs.learn(shape, 1, 1, 0.150)
+        assert rt.busy_fraction() == pytest.approx(2 * 0.150, rel=1e-3)  # not 2 × 150 × 1.5
+        assert floor_row(rt.refreshed_profile([row]), "world", 1) == row  # the curve held: nothing to refresh
+        for _ in range(40):  # the device got slower than its curve: 300 ms at k = 2, twice the curve
+            rt.costs.learn(shape, 1, 1, 0.300)
+        assert rt.busy_fraction() == pytest.approx(2 * 0.300, rel=1e-3)
+        fresh = floor_row(rt.refreshed_profile([row]), "world", 1)
+        assert fresh is not None and fresh.colocated == pytest.approx([200.0, 300.0], rel=1e-3)
+        assert fresh.block_ms == pytest.approx(200.0, rel=1e-3) and fresh.quantum_ms == pytest.approx(100.0, rel=1e-3)
     finally:
         await rt.stop()
 

@@ -11,7 +11,7 @@ from libs.contracts import Demand
 from services.placement.policy import Move, PathRates, Place, Resume, Suspend, decide, react
 from services.placement.policy.placement import Placer
 from services.placement.policy.plan import Plan
-from tests.placement.policy_fleet import PARAMS, fleet, sess
+from tests.placement.policy_fleet import PARAMS, fleet, sess, shared
 
 
 def placed(d) -> dict[str, str]:
@@ -150,3 +150,12 @@ def test_equally_loaded_hosts_go_to_the_one_holding_more_sessions_then_the_lower
         msgspec.structs.replace(h, entry=msgspec.structs.replace(h.entry, sessions=2)) if h.host_id == "h2" else h
         for h in f.hosts))
     assert placed(react(busier, PARAMS)) == {"q": "h2"}
+
+
+def test_past_the_target_a_shared_device_takes_a_session_on_the_process_holding_its_sessions():
+    """h0 and h1 are two processes of one CPU (one pooled load: both read 0.4); a third tier-8 session is past
+    the target on either. Least busy first ties them, and the tie must not split the device's sessions onto
+    the idle process: h0 takes it. On two devices of their own the idle h1 does."""
+    f = fleet({"h0": [sess("a", "h0"), sess("b", "h0")], "h1": []}, queued=(sess("q"),), background={"h1": 0.4})
+    assert placed(react(f, PARAMS)) == {"q": "h1"}
+    assert placed(react(shared(f, "h0", "h1"), PARAMS)) == {"q": "h0"}

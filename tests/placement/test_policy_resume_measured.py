@@ -86,3 +86,16 @@ def test_a_re_queued_session_no_device_has_room_for_asks_the_autoscaler_for_a_ho
     d = decide(f, PARAMS, rebalancing=False, scaling=True, offload=True, relieving=True)
     assert d.scaling is not None and d.scaling.queued == 1
     assert [type(a).__name__ for a in d.actions] == ["ScaleOut"]
+
+
+def test_a_session_resumes_on_its_own_process_of_a_shared_device_not_on_a_sibling():
+    # h0 and h1 are two processes of one CPU with room; h2 another device. The shed session goes back to h0,
+    # never to h1: that would split the device's sessions over two processes, which costs the device more
+    f = shared(measured(fleet({"h0": [sess("b", "h0"), lost("a", "h0")], "h1": []}), h0=0.2, h1=0.0), "h0", "h1")
+    done, _ = resumes(f)
+    assert [(r.session_id, r.host_id) for r in done] == [("a", "h0")]
+    # its own process full by its price, a sibling's emptiness is no way back; another device is
+    full = shared(measured(fleet({"h0": [sess("b", "h0"), lost("a", "h0")], "h1": [], "h2": []},
+                                 background={"h0": 0.75}), h0=0.2, h1=0.0, h2=0.0), "h0", "h1")
+    done, _ = resumes(full)
+    assert [(r.session_id, r.host_id) for r in done] == [("a", "h2")]

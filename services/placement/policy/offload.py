@@ -11,11 +11,12 @@ measured load too (`overload.MeasuredRoom`), not only in its prices.
 
 from __future__ import annotations
 
+from libs.contracts import device_key
 from services.placement.policy import latency
 from services.placement.policy.actions import Refusal, Resume, Suspend
 from services.placement.policy.overload import MeasuredRoom
 from services.placement.policy.placement import Placer, resume
-from services.placement.policy.plan import Plan
+from services.placement.policy.plan import HostLoad, Plan
 from services.placement.policy.snapshot import Session
 
 
@@ -28,13 +29,25 @@ def resumes(plan: Plan, placer: Placer) -> tuple[list[Resume], list[Refusal]]:
     refused: list[Refusal] = []
     room = MeasuredRoom(plan)
     for s in sorted(wants_resume(plan), key=lambda x: (x.shed != "capacity_lost", x.last_input_at, x.session_id)):
-        r = resume(placer, s, among=lambda hl, s=s: room.admits(s, hl))
+        r = resume(placer, s, among=lambda hl, s=s: room.admits(s, hl) and not _sibling(plan, s, hl))
         if isinstance(r, Resume):
             room.add(s, plan.loads[r.host_id])
             done.append(r)
         else:
             refused.append(r)
     return done, refused
+
+
+def _sibling(plan: Plan, s: Session, hl: HostLoad) -> bool:
+    """`hl` is another process of the device `s` was suspended from, which is still open: `s` resumes on
+    its own process or on another device. Back on a sibling it would free nothing its device lacked (one
+    device, one measured load) and split the device's sessions over two processes, which costs the
+    device more stage time per block (docs/bench-colocation.md); the sibling only looked cheaper
+    because the controller's snapshot prices each process alone."""
+    old = plan.loads.get(s.host_id)
+    if old is None or not old.open or hl is old:
+        return False
+    return device_key(hl.host.entry) == device_key(old.host.entry)
 
 
 def resumes_within_cap(plan: Plan, s: Session) -> bool:

@@ -27,7 +27,7 @@ from bisect import bisect_right, insort
 from collections.abc import Callable, Iterator
 
 from libs import admissibility
-from libs.contracts import Estimate
+from libs.contracts import Estimate, device_key
 from services.placement.policy import latency
 from services.placement.policy.actions import Place, Refusal, Resume
 from services.placement.policy.plan import HostLoad, Plan
@@ -110,6 +110,8 @@ class Placer:
             est = plan.fit(s, hl)
             if not est.fits:
                 continue
+            if not capped:
+                hl, est = self._holder(s, hl, est, among)
             rank = 2 + (0 if self._escapes(s, hl) else 1)
             if found[rank] is None:
                 found[rank] = (hl, est)
@@ -139,6 +141,24 @@ class Placer:
         if best is None:
             return "past_cap" if capped else "no_fit"
         return best[1], best[2]
+
+    def _holder(self, s: Session, hl: HostLoad, est: Estimate, among: Among) -> tuple[HostLoad, Estimate]:
+        """`hl`, or the process of its device already holding more of the device's sessions if that fits
+        `s` too. Hosts of one device read one pooled load, so least busy first ties them, and the tie went
+        to the one holding fewer: past the latency target a burst's last sessions landed on the device's
+        idle process, splitting the device, which costs it more stage time per block than one process
+        (docs/bench-colocation.md). Hosts without a machine (the simulator's) share no device."""
+        if not hl.host.entry.machine:
+            return hl, est
+        key = device_key(hl.host.entry)
+        best, held = (hl, est), hl.host.entry.sessions + len(hl.pending)
+        for other in self.order:
+            if other is hl or device_key(other.host.entry) != key or (among is not None and not among(other)):
+                continue
+            n = other.host.entry.sessions + len(other.pending)
+            if n > held and (e := self.plan.fit(s, other)).fits:
+                best, held = (other, e), n
+        return best
 
     def within(self, s: Session, among: Among = None) -> Iterator[tuple[HostLoad, Estimate]]:
         """The fitting hosts that stay within the latency target with `s`, busiest first (`pack`).
