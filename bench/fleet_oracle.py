@@ -19,7 +19,7 @@ Per instant, with n_j active sessions of class j (share s_j of a device):
   unreachable: infinite hosts.)
 - The same argument with session counts: a host holds at most m_j sessions if it carries
   class j (the guard's slot limit, and under the colocation model the n at which
-  `block_j × (1 + α(n − 1))` passes the bound), so **hosts ≥ Σ_j n_j / m_j**.
+  `solo_j × (1 + α(n − 1))` passes the bound, solo_j the class's chunk alone), so **hosts ≥ Σ_j n_j / m_j**.
 
 The larger of the two, rounded up, bounds the hosts at that instant; integrated over time it
 bounds GPU-hours. Beside it, `gpu_hours_packed` is a schedule the same clairvoyant could run
@@ -61,10 +61,10 @@ def caps(params: Params, terms: dict[int, Term], bound_ms: float) -> dict[int, C
             raise ValueError("the oracle models windowed (periodic) classes only")
         n = params.guard.max_sessions
         if params.latency_model == "colocation":
-            if bound_ms < t.block_ms - _EPS:
+            if bound_ms < t.solo_ms - _EPS:
                 return None
             alpha = params.colocation_alpha
-            n = min(n, math.floor(1 + (bound_ms / t.block_ms - 1) / alpha + _EPS) if alpha > 0 else n)
+            n = min(n, math.floor(1 + (bound_ms / t.solo_ms - 1) / alpha + _EPS) if alpha > 0 else n)
             busy = limit
         else:
             if bound_ms - t.overhead_ms < t.quantum_ms - _EPS:

@@ -64,6 +64,7 @@ CROSS_ZONE_BPS = admissibility.gbps(25)
 PROVISION_S = 60.0  # scale-out: boot and pre-warm an engine host
 RESUME_BPS = 20e9  # host memory → device
 MAX_QUEUE_S = 120.0
+MAX_DROPS_SHOWN = 20  # dropped sessions a result describes one by one (`dropped_detail`)
 ARRIVAL_WINDOW_S = 60.0  # the arrival rate a snapshot carries is measured over this
 ARRIVAL_MEMORY_S = 600.0  # ... and its peak over the windows within this
 CONTRACTS = {t: Contract(session_class="C1", quality_floor=t, determinism="T1", period_ms=PERIOD_MS) for t in ROW}
@@ -243,6 +244,7 @@ class Sim:
         self.now = 0.0
         self.stats = Stats(bucket_s=max(60.0, end_s / 240))
         self.counts = Counter()
+        self.drops: list[dict] = []  # the first MAX_DROPS_SHOWN dropped sessions, with the fleet they met
         self.last_out = self.last_in = -math.inf
         self.empty_host_s = 0.0
         self.arrivals: deque[float] = deque()  # arrival times within the last ARRIVAL_MEMORY_S
@@ -293,6 +295,7 @@ class Sim:
         """Forget what the warm-up counted: every figure is over the window."""
         self.stats = Stats(bucket_s=self.stats.bucket_s)
         self.counts = Counter()
+        self.drops = []
         self.empty_host_s = 0.0
 
     def _events_until(self, t: float, strictly_before: bool = False) -> None:
@@ -363,6 +366,14 @@ class Sim:
         del self.live[s.spec.session_id]
         self.counts["dropped"] += 1
         self.counts[f"dropped_{why}"] += 1
+        if len(self.drops) < MAX_DROPS_SHOWN:  # what each drop met: a report says where drops come from
+            hosts = Counter(h.state for h in self.hosts.values())
+            self.drops.append({"session_id": s.spec.session_id, "reason": why, "tier": s.spec.tier,
+                               "arrival_s": s.spec.arrival_s, "duration_s": s.spec.duration_s,
+                               "waited_s": self.now - s.spec.arrival_s, "hosts_up": hosts["up"],
+                               "hosts_booting": hosts["starting"], "queued": sum(
+                                   1 for x in self.live.values() if x.state == "queued"),
+                               "arrivals_last_60s": sum(1 for a in self.arrivals if a > self.now - 60.0)})
 
     def _expire_queue(self) -> None:
         for s in list(self.live.values()):
@@ -554,6 +565,7 @@ class Sim:
             "rejected_moves": self.counts["rejected_moves"],
             "dropped_sessions": self.counts["dropped"],
             "dropped_by_reason": {k[8:]: v for k, v in sorted(self.counts.items()) if k.startswith("dropped_")},
+            "dropped_detail": self.drops,
             "sessions": self.counts["arrived"],
             "suspends": self.counts["suspends"],
             "resumes": self.counts["resumes"],

@@ -49,3 +49,36 @@ def test_the_engine_hosts_measured_row_is_the_curve_the_latency_model_is_fitted_
     assert got.alpha == pytest.approx(0.1) and got.solo_ms == pytest.approx(10.0)
     with pytest.raises(CurveError):
         fleet_colocation.from_row(msgspec.structs.replace(row, colocated=[10.0]), "test")
+
+
+@pytest.mark.parametrize(("block_per_quantum", "per_host"), [(1.5, {4: 6, 8: 3, 16: 1}), (2.0, {4: 6, 8: 2, 16: 1})])
+def test_the_fitted_colocation_model_reproduces_its_curve_and_the_profile_models_capacity(block_per_quantum, per_host):
+    """One device, two models: fitted from the profile model's own curve, the colocation model predicts that
+    curve back, and at the cap a host of one class holds as many sessions under either model (6 / 2 / 1 of
+    tier 4 / 8 / 16 on the simulator's rows), whatever the rows' block-to-quantum ratio. Until 2026-12-03 its solo chunk was the
+    row's `block_ms`, which is the lone chunk only at 1.5 quanta: at 2 (the simulator's rows since issue 23)
+    it predicted 20 / 33 / 47 / 60 ms for the 30 / 50 / 70 / 90 ms curve and packed 9 / 4 / 1 (the full
+    ServeGen day: the bound at 3,419 GPU-h, statefleet 1.85x its floor)."""
+    from bench import fleet_oracle
+    from bench.fleet_sim import CONTRACTS, PROFILE, share
+    from libs.schemas.common import ProfileRow
+    from services.placement.policy import latency as lat
+
+    rows = {r.tier: ProfileRow(backend=r.backend, tier=r.tier, quantum_ms=r.block_ms / block_per_quantum,
+                               block_ms=r.block_ms, state_bytes=r.state_bytes, media_s_per_block=0.1)
+            for r in PROFILE}
+    terms = {t: lat.term(CONTRACTS[t], rows[t], share(t)) for t in rows}
+    profile = fleet.params("profile")
+    curve = fleet_colocation.profile_curve(profile, terms[8], 8, "world")
+    got = fleet_colocation.fit(curve)
+    coloc = fleet.params("colocation", got.alpha)
+    assert [lat.chunk_ms(coloc, terms[8], 0.0, n) for n in curve.sessions] == pytest.approx(list(curve.chunk_ms))
+    for t in terms.values():
+        assert lat.chunk_ms(coloc, t, t.share, 1) == pytest.approx(lat.chunk_ms(profile, t, t.share, 1))
+        alone = max(n for n in range(1, 17) if lat.chunk_ms(profile, t, n * t.share, n) <= lat.target_ms(profile, t))
+        assert lat.sessions_within(coloc, t) == alone
+    by_profile = fleet_oracle.caps(profile, terms, fleet.CAP_MS)
+    by_coloc = fleet_oracle.caps(coloc, terms, fleet.CAP_MS)
+    assert by_profile is not None and by_coloc is not None
+    assert {k: c.sessions for k, c in by_coloc.items()} == {
+        k: int(c.busy / c.share + 1e-9) for k, c in by_profile.items()} == per_host

@@ -7,7 +7,12 @@ steady-state busy fraction, from `libs.contracts.demand`, times the session's wi
 `busy ≤ 1` EDF meets every window; above it the formula grows past the window, which is a miss.
 
 `colocation`: the published TurboServe-style form, latency rising with co-located sessions:
-`block_ms × (1 + α·(n − 1))` for n resident sessions, whatever their demand.
+`solo_ms × (1 + α·(n − 1))` for n resident sessions, whatever their demand. `solo_ms` is the session's
+chunk alone on a host as the profile model predicts it, so the two models agree on a lone session and
+differ only in what co-location adds; α is relative, so a curve fitted anywhere (`bench.fleet_colocation`)
+carries over. (Until 2026-12-03 it was `block_ms`, equal to the lone chunk only while the rows' block was
+1.5 quanta: with the rows of a 2-quantum block the model fitted from the profile curve 30/50/70/90 ms
+predicted 20/33/47/60 ms for it, and priced capacity at 9/4/1 tier-4/8/16 sessions instead of 6/2/1.)
 """
 
 from __future__ import annotations
@@ -29,23 +34,28 @@ class Term(NamedTuple):
 
     overhead_ms: float  # block_ms − quantum_ms: the pipeline stages off the device
     quantum_ms: float
-    block_ms: float
+    solo_ms: float  # its chunk alone on a host under the profile model: the colocation model's n = 1
     window_ms: float  # 0 for windowless classes
     share: float  # steady-state busy fraction (libs.contracts.demand)
 
 
 def term(contract: Contract, row: ProfileRow, share: float) -> Term:
-    return Term(overhead_ms=max(row.block_ms - row.quantum_ms, 0.0), quantum_ms=row.quantum_ms,
-                block_ms=row.block_ms, window_ms=contract.window_ms or 0.0, share=share)
+    overhead, window = max(row.block_ms - row.quantum_ms, 0.0), contract.window_ms or 0.0
+    return Term(overhead_ms=overhead, quantum_ms=row.quantum_ms, solo_ms=_profile_ms(overhead, row.quantum_ms,
+                window, share), window_ms=window, share=share)
+
+
+def _profile_ms(overhead_ms: float, quantum_ms: float, window_ms: float, busy: float) -> float:
+    if window_ms:
+        return overhead_ms + max(busy * window_ms, quantum_ms)
+    return overhead_ms + quantum_ms / max(1.0 - busy, _SLACK_FLOOR)
 
 
 def chunk_ms(params: Params, t: Term, busy: float, n: int) -> float:
     """Predicted latency of one chunk of the session `t` on a host at `busy` with `n` resident sessions."""
     if params.latency_model == "colocation":
-        return t.block_ms * (1.0 + params.colocation_alpha * max(n - 1, 0))
-    if t.window_ms:
-        return t.overhead_ms + max(busy * t.window_ms, t.quantum_ms)
-    return t.overhead_ms + t.quantum_ms / max(1.0 - busy, _SLACK_FLOOR)
+        return t.solo_ms * (1.0 + params.colocation_alpha * max(n - 1, 0))
+    return _profile_ms(t.overhead_ms, t.quantum_ms, t.window_ms, busy)
 
 
 def host_ms(params: Params, kinds: Iterable[Term], busy: float, n: int) -> float:
@@ -92,7 +102,7 @@ def sessions_within(params: Params, t: Term) -> int:
     slots = params.guard.max_sessions
     if params.latency_model != "colocation" or params.colocation_alpha <= 0:
         return slots
-    n = math.floor(1 + (target_ms(params, t) / t.block_ms - 1) / params.colocation_alpha + 1e-9)
+    n = math.floor(1 + (target_ms(params, t) / t.solo_ms - 1) / params.colocation_alpha + 1e-9)
     return max(1, min(slots, n))
 
 
