@@ -31,7 +31,7 @@ import structlog
 from libs.contracts import Contract, Guard
 from libs.errors import Rejected, StatefleetError
 from libs.path_ewma import PathEwma
-from libs.schemas.common import EngineEntry
+from libs.schemas.common import EngineEntry, ShedKind
 from libs.schemas.placement import HostRequest
 from libs.tasks import spawn
 from libs.telemetry import counter, histogram
@@ -146,6 +146,8 @@ class FleetController:
         self._redrain(fleet)
         for r in decision.refusals:
             self.log.debug("fleet_refusal", kind=r.kind, session_id=r.session_id, host_id=r.host_id, reason=r.reason)
+            if r.kind == "resume":
+                await self._tell_waiting(r.session_id, r.reason)
         self._log_scaling(decision, fleet, params)
         await self._apply(decision, now, _residents(fleet))
         return decision
@@ -291,12 +293,16 @@ class FleetController:
 
     async def _resume(self, a: Resume, src: str) -> None:
         """Back on its own host; on another one (its own is full) by resuming in place and moving at once."""
-        if a.host_id == src:
-            entry = self.view.entry(src)
-            if entry is None:
-                return
-            await self.reservations.reserve(a.session_id, src, entry.incarnation)
-        await self.engines.resume(src, a.session_id)
+        try:
+            if a.host_id == src:
+                entry = self.view.entry(src)
+                if entry is None:
+                    return
+                await self.reservations.reserve(a.session_id, src, entry.incarnation)
+            await self.engines.resume(src, a.session_id)
+        except Rejected as e:  # no room after all: it waits, and says so
+            await self._tell_waiting(a.session_id, e.detail)
+            raise
         _actions.add(1, {"kind": "resume", "outcome": "ok"})
         self.log.info("fleet_resumed", session_id=a.session_id, host_id=src, to=a.host_id)
         summary = self.view.summaries().get(a.session_id)
@@ -306,6 +312,25 @@ class FleetController:
         if a.host_id != src:
             await self._move(Move(session_id=a.session_id, src=src, dst=a.host_id, busy_fraction=a.busy_fraction,
                                   state_bytes=a.state_bytes, gain_ms=0.0, t_migrate_s=0.0, stall_ms=0.0))
+
+    async def _tell_waiting(self, sid: str, why: str) -> None:
+        """A suspended session that wants to resume (input came, or it was re-queued) and finds no room is
+        marked shed, so `statefleet status` and its client hear it waits, unless a mark already says so.
+
+        Most such sessions were shed by this controller and carry their mark already. This one did not: a
+        suspend whose reply came after the request timed out (a loaded host) is done on the host while
+        `_suspend` gave up on it and marked nothing, and an idle-offloaded session's input can arrive when
+        no device has room. Without the mark it sat suspended, its input unapplied, told to nobody (the
+        `bench.failover --hog 2` run of 2026-12-03 18:21)."""
+        summary = self.view.summaries().get(sid)
+        if summary is None or summary.shed or summary.state == "closed":
+            return
+        contract, _ = await self.owners.spec(sid)
+        kind: ShedKind = "capacity_lost" if contract.session_class == "C1" else "overload"
+        owner = (await self.owners.view(sid)).owner
+        await self.owners.mark(sid, owner.version if owner else 0, shed_kind=kind,
+                               shed=f"{kind}: suspended, waiting for a device with room ({why})")
+        self.log.warning("fleet_session_waits", session_id=sid, shed_kind=kind, why=why)
 
     async def _scale_out(self, a: ScaleOut, now: float) -> None:
         if self.provisioner is None:  # decide never scales without one

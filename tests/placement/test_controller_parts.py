@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from libs.schemas.engine import SessionInfo
 from services.placement.policy import Move, Suspend
 from tests.placement.parts import Parts
@@ -146,3 +148,54 @@ async def test_a_capacity_lost_session_waits_while_its_device_is_measured_over_a
     assert ("a", 1, "resumed") in [(s, v, m) for s, v, m in parts.owners.marks]
     summary = parts.view.summary["a"]
     assert summary.state == "serving" and not summary.shed and not summary.reason, summary
+
+
+def suspended(sid: str, cursor: int) -> SessionInfo:
+    return msgspec.structs.replace(running(sid, cursor), state="suspended")
+
+
+async def test_a_suspended_session_with_input_and_no_room_is_marked_waiting_though_no_shed_of_ours_put_it_there():
+    """A session suspended on its host without a mark (a suspend whose reply came after the controller gave
+    up on it; an idle offload) gets input while its device measures past its limit: the resume is refused,
+    and the round marks it shed (`capacity_lost` for C1), so status and its client hear it waits. Before,
+    it sat suspended with its input unapplied and told to nobody (bench.failover --hog 2, 2026-12-03)."""
+    over = msgspec.structs.replace(host("h0", busy=0.0, sessions=0), measured_fraction=0.95)
+    parts = Parts([over], relieve_overload=True, rebalance=False)
+    parts.owners.own("a", "h0")
+    parts.engines.sessions = {"h0": [suspended("a", 1)]}
+    fleet = parts.controller()
+    await fleet.round()  # first sight: suspended, no input since
+    assert parts.owners.marks == [] and not parts.view.summary["a"].shed
+    await asyncio.sleep(0.01)
+    parts.engines.sessions = {"h0": [suspended("a", 2)]}  # input arrived
+    decision = await fleet.round()
+    assert [(r.session_id, r.kind) for r in decision.refusals if r.kind == "resume"] == [("a", "resume")]
+    summary = parts.view.summary["a"]
+    assert summary.shed == "capacity_lost" and summary.state == "suspended", summary
+    assert "waiting for a device with room" in summary.reason
+    await fleet.round()  # marked once, not at every round
+    assert len(parts.owners.marks) == 1
+
+
+async def test_a_resume_the_host_refuses_for_room_leaves_the_session_marked_waiting():
+    """The policy saw room but the host's record did not (a reservation raced it): the resume fails, and
+    the session that was suspended without a mark is marked waiting rather than left silent."""
+    from libs.errors import Rejected
+
+    parts = Parts([host("h0", busy=0.0, sessions=0)], relieve_overload=True, rebalance=False)
+    parts.owners.own("a", "h0")
+    parts.engines.sessions = {"h0": [suspended("a", 1)]}
+
+    async def refuse(host_id: str, session_id: str) -> None:
+        raise Rejected(f"host {host_id}: busy", host_id=host_id)
+
+    parts.engines.resume = refuse  # type: ignore[method-assign]
+    fleet = parts.controller()
+    await fleet.round()
+    await asyncio.sleep(0.01)
+    parts.engines.sessions = {"h0": [suspended("a", 2)]}
+    decision = await fleet.round()
+    assert [(type(a).__name__, a.session_id) for a in decision.actions] == [("Resume", "a")]
+    await asyncio.gather(*list(fleet._tasks))
+    summary = parts.view.summary["a"]
+    assert summary.shed == "capacity_lost" and "host h0: busy" in summary.reason, summary
