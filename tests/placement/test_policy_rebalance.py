@@ -8,7 +8,7 @@ from libs import admissibility
 from services.placement.policy import Move, PathRates, decide
 from services.placement.policy.plan import Plan
 from services.placement.policy.rebalance import hoped, rebalance
-from tests.placement.policy_fleet import PARAMS, fleet, sess, shared
+from tests.placement.policy_fleet import PARAMS, fleet, sess
 
 P = msgspec.structs.replace(PARAMS, gain_threshold_ms=0.0)
 
@@ -109,13 +109,3 @@ def test_a_hosts_only_session_never_trades_places_with_an_equal_empty_host():
     # a second session makes it a real gain: one each
     assert moves_of(decide(fleet({"h0": [sess("a", "h0"), sess("b", "h0")], "h1": []}), free, scaling=False))
 
-
-def test_no_move_between_two_processes_of_one_device():
-    # h0 and h1 share one machine's CPU: moving h0's sessions to h1 frees nothing on the device and splits
-    # its sessions over two processes, which costs it more (docs/bench-colocation.md); h2 on its own device
-    # is where a move relieves h0
-    f = fleet({"h0": [sess(f"s{i}", "h0") for i in range(4)], "h1": [], "h2": []})
-    got = moves_of(decide(shared(f, "h0", "h1"), P, scaling=False))
-    assert got and all(m.dst == "h2" for m in got)
-    assert moves_of(decide(shared(fleet({"h0": [sess(f"s{i}", "h0") for i in range(4)], "h1": []}), "h0", "h1"),
-                           P, scaling=False)) == []

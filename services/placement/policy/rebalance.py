@@ -1,8 +1,7 @@
 """Migration-aware min-max rebalancing, and the moves a draining host is owed.
 
 One round: find the bottleneck (the open host with the highest predicted chunk latency L),
-try each of its movable sessions on the least loaded hosts that fit (on another device: a move between
-two processes of one device relieves nothing), and take the move with
+try each of its movable sessions on the least loaded hosts that fit, and take the move with
 the largest gain `Γ = L − L′ − η·κ` (L′: the fleet's worst latency after the move; κ: the
 move's predicted freeze at cut-over) if Γ exceeds the threshold and the admissibility
 calculator admits it on that path. Repeat from the new bottleneck, at most
@@ -22,7 +21,7 @@ from collections.abc import Callable
 import msgspec
 
 from libs.admissibility import MoveVerdict
-from libs.contracts import Estimate, device_key
+from libs.contracts import Estimate
 from services.placement.policy import latency
 from services.placement.policy.actions import Move, Refusal
 from services.placement.policy.plan import HostLoad, Plan
@@ -81,9 +80,7 @@ def _best_move(plan: Plan, src: HostLoad, order: list[HostLoad], moved: set[str]
         for dst in order:
             if dst.ms >= bottleneck or tried >= p.targets_per_session:
                 break
-            # A host sharing the source's device frees nothing there (they split one device) and a device's
-            # sessions spread over two processes cost it more than in one (docs/bench-colocation.md, `--split`).
-            if dst is src or dst.receiving >= receiver_limit or device_key(dst.host.entry) == device_key(src.host.entry):
+            if dst is src or dst.receiving >= receiver_limit:
                 continue
             est = plan.fit(s, dst)
             if not est.fits:
