@@ -130,7 +130,9 @@ class CostModel:
     def _relaxed(self, shape: str, tier: int, n: int) -> float:
         """The learned price, relaxed toward n × the start-up price by how long nothing was learned for it."""
         seconds, at = self._learned[(shape, tier, n)]
-        idle = self.clock() - at - self.idle_s
+        # Idle once no quantum ran for IDLE_S and for twice the quantum itself: a slow quantum's next sample
+        # comes a quantum later, so a host still serving one never relaxes its price between them.
+        idle = self.clock() - at - max(self.idle_s, 2 * seconds)
         base = self._start_up(shape, tier) * n
         if idle <= 0 or base <= 0:
             return seconds
