@@ -1,6 +1,6 @@
 """Host failover on a real stack: SIGKILL the engine host that owns sessions under steady input, K times.
 
-    python -m bench.failover [--quick] [--hog N] --json PATH
+    python -m bench.failover [--quick] [--hog N] [--logs DIR] --json PATH
 
 The stack: an embedded nats-server, fence, two placement instances and the mover (each a
 service in this process, on the bus like any other), and engine hosts as their own processes
@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -390,7 +391,7 @@ async def patient(fn, tries: int = 10, every_s: float = 0.5):
     return await fn()
 
 
-async def run(quick: bool, hog: int = 0) -> dict:
+async def run(quick: bool, hog: int = 0, keep_logs: Path | None = None) -> dict:
     hosts, sessions, kills = (3, 4, 3) if quick else (4, 8, 10)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
@@ -443,6 +444,10 @@ async def run(quick: bool, hog: int = 0) -> dict:
             await b.stop()
             server.stop()
             await hogs.stop()
+            if keep_logs is not None:  # the engine hosts' and the hogs' logs, for a run that missed its targets
+                keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob("*.log"):
+                    shutil.copy(log, keep_logs / log.name)
     reclaim = [e["reclaim_s"] for e in events if e["reclaim_s"] is not None]
     assigned = [e["assign_s"] for e in events if e.get("assign_s") is not None]
     after = [e["reclaim_s"] - e["assign_s"] for e in events if e.get("assign_s") is not None]
@@ -486,9 +491,10 @@ def main() -> None:
     p = parser("failover", __doc__.splitlines()[0])
     p.add_argument("--hog", type=int, default=0, metavar="N",
                    help="N load processes (each `bench.load --quick`, repeated) beside the stack for the whole run")
+    p.add_argument("--logs", type=Path, metavar="DIR", help="keep the engine hosts' and the hogs' logs in DIR")
     args = p.parse_args()
     logs.setup("warning", json=False)
-    result = asyncio.run(run(args.quick, args.hog))
+    result = asyncio.run(run(args.quick, args.hog, args.logs))
     target = result["targets"]["reclaim_s_p99"]
     table([("kills", result["kills"], ""), ("sessions_affected", result["sessions_affected"], ""),
            ("refused_at_start", result["refused_at_start"], f"of {result['sessions']}: no host fit them"),
