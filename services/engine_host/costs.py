@@ -76,13 +76,25 @@ class CostModel:
     quantum ran to correct it): every survivor of a failover refused the stranded sessions as `period`
     (one block alone longer than the period), and only a freshly restarted host took them (issue 29).
     With no start-up price to relax toward, a price stays what was learned.
+
+    A single block's price is also priced at a concurrency (`price`): each learned price keeps the
+    number of sessions its host served when it was learned, and the start-up co-location curve carries it
+    to another number by its slope (`curve(k) / curve(k_learned)`), so serving sets how fast the device
+    runs now and the curve only how co-location slows it. The start-up measurement is not a floor: a
+    profile taken while a neighbour loaded the machine priced every block at four times what serving
+    measured, for the host's whole life, and failover's survivors read full while the device ran a
+    sixth of its time (`bench.failover --hog 2`, 2026-12-04). A burst is priced by the curve's slope from
+    what serving learned, so a quiet device's cheap lone blocks do not admit sixteen where four fit.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, stale_s: float = STALE_S,
-                 idle_s: float = IDLE_S, half_life_s: float = HALF_LIFE_S) -> None:
+                 idle_s: float = IDLE_S, half_life_s: float = HALF_LIFE_S,
+                 concurrency: Callable[[], int] = lambda: 1) -> None:
         self.clock, self.stale_s, self.idle_s, self.half_life_s = clock, stale_s, idle_s, half_life_s
-        self._learned: dict[tuple[str, int, int], tuple[float, float]] = {}  # → (seconds, when learned)
+        self.concurrency = concurrency  # sessions the host serves now: what a learned price was learned beside
+        self._learned: dict[tuple[str, int, int], tuple[float, float, int]] = {}  # → (seconds, when, sessions)
         self._seeds: dict[tuple[str, int], float] = {}  # (shape, tier) → start-up seconds of one block
+        self._curves: dict[tuple[str, int], Callable[[int], float]] = {}  # → start-up block at k sessions
         self._passes: dict[str, Callable[[int], int]] = {}
         self._fresh: dict[str, int] = {}  # shape → the tier of its last learned single block
 
@@ -98,42 +110,60 @@ class CostModel:
             return c
         return self._single(shape, tier) * n
 
-    def seed(self, shape: str, tier: int, seconds: float) -> None:
-        """A single block's start-up estimate; never overrides what was already learned."""
+    def seed(self, shape: str, tier: int, seconds: float, curve: Callable[[int], float] | None = None) -> None:
+        """A single block's start-up estimate, and its co-location curve (any unit: only its slope is
+        read); never overrides what was already learned."""
         self._seeds.setdefault((shape, tier), seconds)
+        if curve is not None:
+            self._curves.setdefault((shape, tier), curve)
 
-    def price(self, shape: str, tier: int) -> float:
-        """What one session's block is budgeted at (admission's price, the heartbeat's load): the learned
-        cost, never below the start-up profile's. Blocks of one or two sessions on a quiet device run
-        faster than that profile (taken while every host of the device profiled at once), and that
-        cheaper cost does not hold once the sessions it would admit run beside them: priced so, a burst
-        of sixteen was admitted where the start-up rows had room for four (docs/decisions.md, issue 23)."""
-        return max(self.estimate(shape, tier, 1), self._seeds.get((shape, tier), 0.0))
+    def price(self, shape: str, tier: int, k: int) -> float:
+        """What one session's block is budgeted at beside `k` sessions on this host (admission's price,
+        the heartbeat's load): the single block as learned (else derived, else start-up's), carried from
+        the concurrency it was learned at to `k` by the start-up curve's slope."""
+        seconds, at_k = self._single_at(shape, tier)
+        return seconds * self._slope(shape, tier, at_k, k)
 
     def learn(self, shape: str, tier: int, n: int, seconds: float) -> None:
-        """Fold one finished quantum in; a price that was not current starts from what it was derived as."""
+        """Fold one finished quantum in; a price that was not current starts from what it was derived as,
+        carried to the concurrency the host serves now."""
+        k = max(1, self.concurrency())
         old = self._current(shape, tier, n)
-        if old is None and n == 1:
-            old = self._single(shape, tier) or None
+        if old is not None:
+            old *= self._slope(shape, tier, self._learned[(shape, tier, n)][2], k)
+        elif n == 1:
+            single, at_k = self._single_at(shape, tier)
+            old = single * self._slope(shape, tier, at_k, k) or None
         new = seconds if old is None else (1 - COST_EWMA) * old + COST_EWMA * seconds
-        self._learned[(shape, tier, n)] = (new, self.clock())
+        self._learned[(shape, tier, n)] = (new, self.clock(), k)
         if n == 1:
             self._fresh[shape] = tier
 
-    def _freshest(self, shape: str) -> tuple[int, float, float] | None:
-        """(tier, seconds, when) of the shape's most recently learned single-block price."""
+    def _slope(self, shape: str, tier: int, k_from: int, k_to: int) -> float:
+        """How much dearer a block is beside `k_to` sessions than beside `k_from`, by the start-up curve
+        (1 without one)."""
+        curve = self._curves.get((shape, tier))
+        if curve is None or k_from == k_to:
+            return 1.0
+        a, b = curve(max(1, k_from)), curve(max(1, k_to))
+        return b / a if a > 0 and b > 0 else 1.0
+
+    def _freshest(self, shape: str) -> tuple[int, float, float, int] | None:
+        """(tier, seconds, when, sessions) of the shape's most recently learned single-block price."""
         tier = self._fresh.get(shape)
         if tier is None:
             return None
-        return tier, self._relaxed(shape, tier, 1), self._learned[(shape, tier, 1)][1]
+        _, at, k = self._learned[(shape, tier, 1)]
+        return tier, self._relaxed(shape, tier, 1), at, k
 
     def _relaxed(self, shape: str, tier: int, n: int) -> float:
-        """The learned price, relaxed toward n × the start-up price by how long nothing was learned for it."""
-        seconds, at = self._learned[(shape, tier, n)]
+        """The learned price, relaxed toward n × the start-up price (at the concurrency it was learned
+        at) by how long nothing was learned for it."""
+        seconds, at, k = self._learned[(shape, tier, n)]
         # Idle once no quantum ran for IDLE_S and for twice the quantum itself: a slow quantum's next sample
         # comes a quantum later, so a host still serving one never relaxes its price between them.
         idle = self.clock() - at - max(self.idle_s, 2 * seconds)
-        base = self._start_up(shape, tier) * n
+        base = self._start_up(shape, tier) * n * self._slope(shape, tier, 1, k)
         if idle <= 0 or base <= 0:
             return seconds
         return base + (seconds - base) * 0.5 ** (idle / self.half_life_s)
@@ -146,14 +176,18 @@ class CostModel:
         return self._relaxed(shape, tier, n) if ref is None or ref[2] - learned[1] <= self.stale_s else None
 
     def _single(self, shape: str, tier: int) -> float:
+        return self._single_at(shape, tier)[0]
+
+    def _single_at(self, shape: str, tier: int) -> tuple[float, int]:
+        """A single block's seconds and the sessions it was learned beside (start-up's: one)."""
         if (c := self._current(shape, tier, 1)) is not None:
-            return c
+            return c, self._learned[(shape, tier, 1)][2]
         ref = self._freshest(shape)
         if ref is not None and (r := self._ratio(shape, tier, ref[0])) is not None:
-            return ref[1] * r
+            return ref[1] * r, ref[3]
         if (shape, tier, 1) in self._learned:
-            return self._relaxed(shape, tier, 1)  # stale, but nothing to derive it from
-        return self._start_up(shape, tier)
+            return self._relaxed(shape, tier, 1), self._learned[(shape, tier, 1)][2]  # stale, nothing to derive from
+        return self._start_up(shape, tier), 1
 
     def _start_up(self, shape: str, tier: int) -> float:
         """A single block's start-up price: measured, else another start-up tier's scaled by forward

@@ -87,8 +87,7 @@ class EngineRuntime:
         self.work = torch_threads.executor("engine-work", workers=2)  # init, offload, snapshots, profile
         self.threads = torch.get_num_threads()  # this host's intra-op count (a T0/T1 session keeps its own)
         self.sessions = SessionTable(host_id)
-        self.costs = CostModel(clock)
-        self._curves: dict[tuple[str, int], ProfileRow] = {}  # (shape, tier) → its start-up row (its curve)
+        self.costs = CostModel(clock, concurrency=lambda: len(self._counted()))
         self.backends = Backends(self.device, backend_configs or {}, registry or Registry(), on_build=self.costs.shape)
         self.sched = EdfScheduler(cost=self.costs.estimate, guard_s=guard_s, max_batch=max_batch)
         self.pipeline: StagePipeline[BlockJob, Dispatch] = StagePipeline(
@@ -149,8 +148,7 @@ class EngineRuntime:
         what serving learns (the sink sums the stage timings) and what admission prices."""
         for r in rows:
             backend = self.backend(r.backend)
-            self.costs.seed(shape_of(backend), r.tier, r.block_ms / 1000)
-            self._curves[(shape_of(backend), r.tier)] = r
+            self.costs.seed(shape_of(backend), r.tier, r.block_ms / 1000, curve=functools.partial(block_ms_at, r))
             if r.rebuild_ms and self.rebuilds.rebuild_s(backend) is None:
                 self.rebuilds.observe(backend, r.rebuild_ms / 1000)
 
@@ -292,17 +290,14 @@ class EngineRuntime:
         return sum(self._priced_at(t.shape, t.ladder[0], len(counted)) / t.period_s for t in counted)
 
     def _priced_at(self, shape: str, tier: int, k: int) -> float:
-        """A block's seconds with `k` sessions on this host: what serving learned (`CostModel.price`),
-        or its start-up co-location curve's block at k (`contracts.block_ms_at`), whichever is dearer.
-        The learned price was learned at the concurrency the host ran at, so co-location is in it
-        already: scaling it by the curve's slowdown counted co-location twice (sixteen sessions priced at
-        1.36-1.42 of the device while it measured 0.76, `bench.c1_periods` 2026-12-03 17:06, and the
-        sessions relief shed could not resume by price). The curve covers a price that has not caught
-        up with k yet (a burst just admitted), so the report is never below what admission's marginal
-        prices summed to."""
-        learned = self.costs.price(shape, tier)
-        row = self._curves.get((shape, tier))
-        return max(learned, block_ms_at(row, k) / 1000) if row is not None else learned
+        """A block's seconds with `k` sessions on this host: what serving learned, carried from the
+        concurrency it was learned at to `k` by the start-up curve's slope (`CostModel.price`). Learned
+        beside k sessions, co-location is in it already, so at that k the curve adds nothing (scaling a
+        learned price by the curve's whole slowdown counted co-location twice: sixteen sessions priced at
+        1.36-1.42 of the device while it measured 0.76, `bench.c1_periods` 2026-12-03 17:06); a burst
+        just admitted is priced at the curve's slope from there, so the report is what admission's
+        marginal prices summed to."""
+        return self.costs.price(shape, tier, k)
 
     def _counted(self) -> list:
         """The periodic sessions the device's load counts: every one not suspended."""
@@ -318,23 +313,18 @@ class EngineRuntime:
         return self.sched.load()
 
     def refreshed_profile(self, rows: list[ProfileRow]) -> list[ProfileRow]:
-        """The start-up rows with each block's cost as serving has measured it since (the cost model's
-        EWMA of the stage sum, default config, batch of one; never below start-up's: `CostModel.price`):
-        admission prices the next session at today's cost, at the load the host serves now (co-located
-        sessions slow each other's blocks, and that is what it learned). The quantum scales with the block, so the share start-up measured for
-        the denoise stage is kept (placement's latency model reads `block_ms − quantum_ms`), and so does
-        the co-location curve: the device runs every concurrency that much slower than start-up found."""
+        """The start-up rows with each block's cost as serving has measured it since (`CostModel.price`
+        of a lone block, default config): admission prices the next session at today's cost. The whole row
+        scales by it, up or down (the device runs every concurrency that much slower or faster than
+        start-up found): the share start-up measured for the denoise stage is kept (placement's latency
+        model reads `block_ms − quantum_ms`), and so is the co-location curve's shape."""
         out = []
-        k = max(1, len(self._counted()))
         for r in rows:
-            learned = self.costs.price(shape_of(self.backend(r.backend)), r.tier) * 1000
-            # learned at the host's concurrency: compared with the curve's block at that k, so the
-            # co-location the curve already prices is not scaled in a second time
-            at_k = block_ms_at(r, k)
-            if learned <= 0 or learned <= at_k or r.block_ms <= 0 or at_k <= 0:
+            lone = self.costs.price(shape_of(self.backend(r.backend)), r.tier, 1) * 1000
+            if lone <= 0 or r.block_ms <= 0 or lone == r.block_ms:
                 out.append(r)
                 continue
-            ratio = learned / at_k
+            ratio = lone / r.block_ms
             out.append(msgspec.structs.replace(r, quantum_ms=r.quantum_ms * ratio, block_ms=r.block_ms * ratio,
                                                colocated=[ms * ratio for ms in r.colocated]))
         return out

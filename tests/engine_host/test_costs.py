@@ -65,17 +65,17 @@ def test_an_idle_price_relaxes_toward_start_up_with_its_half_life():
     clock = Clock()
     costs = seeded(clock)
     costs.learn(SHAPE, 1, 1, 0.400)
-    learned = costs.price(SHAPE, 1)
+    learned = costs.price(SHAPE, 1, 1)
     assert learned == pytest.approx((1 - COST_EWMA) * 0.0004 + COST_EWMA * 0.400)
     clock.now += IDLE_S  # no longer than a served session's gaps between quanta: exactly what was learned
-    assert costs.price(SHAPE, 1) == learned
+    assert costs.price(SHAPE, 1, 1) == learned
     clock.now += HALF_LIFE_S
-    assert costs.price(SHAPE, 1) == pytest.approx(0.0004 + (learned - 0.0004) / 2)
+    assert costs.price(SHAPE, 1, 1) == pytest.approx(0.0004 + (learned - 0.0004) / 2)
     clock.now += 9 * HALF_LIFE_S
-    assert costs.price(SHAPE, 1) == pytest.approx(0.0004 + (learned - 0.0004) / 2 ** 10)
+    assert costs.price(SHAPE, 1, 1) == pytest.approx(0.0004 + (learned - 0.0004) / 2 ** 10)
     assert costs.estimate(SHAPE, 1, 2) == pytest.approx(2 * costs.estimate(SHAPE, 1, 1))
     clock.now += 100 * HALF_LIFE_S
-    assert costs.price(SHAPE, 1) == pytest.approx(0.0004)  # back at start-up's measurement
+    assert costs.price(SHAPE, 1, 1) == pytest.approx(0.0004)  # back at start-up's measurement
     # a tier derived from the relaxed one relaxes with it (start-up's ratio between the two)
     assert costs.estimate(SHAPE, 8, 1) == pytest.approx(0.0008)
 
