@@ -445,9 +445,7 @@ async def run(quick: bool, hog: int = 0, keep_logs: Path | None = None) -> dict:
             server.stop()
             await hogs.stop()
             if keep_logs is not None:  # the engine hosts' and the hogs' logs, for a run that missed its targets
-                keep_logs.mkdir(parents=True, exist_ok=True)
-                for log in Path(tmp).glob("*.log"):
-                    shutil.copy(log, keep_logs / log.name)
+                await asyncio.to_thread(_keep_logs, Path(tmp), keep_logs)
     reclaim = [e["reclaim_s"] for e in events if e["reclaim_s"] is not None]
     assigned = [e["assign_s"] for e in events if e.get("assign_s") is not None]
     after = [e["reclaim_s"] - e["assign_s"] for e in events if e.get("assign_s") is not None]
@@ -485,6 +483,12 @@ async def run(quick: bool, hog: int = 0, keep_logs: Path | None = None) -> dict:
         # What the heartbeats priced the device at beside what its hosts measured (bench/heartbeat_trace.py)
         "heartbeats": trace.summary() if trace else {}, "heartbeat_samples": trace.samples if trace else [],
     }
+
+
+def _keep_logs(run_dir: Path, into: Path) -> None:
+    into.mkdir(parents=True, exist_ok=True)
+    for log in run_dir.glob("*.log"):
+        shutil.copy(log, into / log.name)
 
 
 def main() -> None:
