@@ -24,7 +24,7 @@ async def test_a_committed_move_keeps_only_the_receivers_reservation():
     parts.reserved("h0", "a")
     parts.relocation.commits.add("a")
     fleet = parts.controller()
-    assert await fleet._move(move("a", "h0", "h1"))
+    assert await fleet.actions.move(move("a", "h0", "h1"))
     assert parts.reservations.holding("a") == {"h1"}
     assert await parts.owners.owner_is("a", "h1")
 
@@ -34,7 +34,7 @@ async def test_a_move_that_does_not_commit_keeps_only_the_sources_reservation():
     parts.owners.own("a", "h0")
     parts.reserved("h0", "a")
     fleet = parts.controller()
-    assert not await fleet._move(move("a", "h0", "h1"))
+    assert not await fleet.actions.move(move("a", "h0", "h1"))
     assert parts.reservations.holding("a") == {"h0"}
     assert await parts.owners.owner_is("a", "h0")
     assert parts.relocation.asked == [("a", "h0", "h1")]
@@ -44,7 +44,7 @@ async def test_a_move_to_a_full_receiver_is_not_asked_of_the_mover():
     parts = Parts([host("h0"), host("h1", busy=0.95)])
     parts.owners.own("a", "h0")
     parts.reserved("h0", "a")
-    assert not await parts.controller()._move(move("a", "h0", "h1"))
+    assert not await parts.controller().actions.move(move("a", "h0", "h1"))
     assert parts.relocation.asked == []
     assert parts.reservations.holding("a") == {"h0"}
 
