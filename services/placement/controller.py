@@ -128,6 +128,7 @@ class FleetController:
         view, cfg = self.view, self.config
         entries = view.live_hosts()
         statuses = await self.engines.statuses([e.host_id for e in entries])
+        await self.actions.confirm(statuses)
         summaries = view.summaries()
         owners = {sid: s.owner_server_id for sid, s in summaries.items()
                   if s.state != "closed" and s.owner_server_id and s.claimed}
