@@ -48,6 +48,7 @@ class FleetActions:
 
     async def move(self, a: Move) -> bool:
         """Reserve on the receiver, live-move through the mover, settle the reservations by what fence shows."""
+        self.unanswered.pop(a.session_id, None)
         entry = self.view.entry(a.dst)
         if entry is None:
             return False
