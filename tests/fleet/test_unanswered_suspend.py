@@ -4,8 +4,8 @@ boundary, after the controller gave up on the request, and the session ends up m
 
 Before, the controller recorded nothing for a suspend that timed out, so the session sat suspended on its
 host with no mark: `statefleet status` and its client never heard why (`bench.failover --hog 2`, 2026-12-03).
-The block is held in its stage by the test backend's switchable stage time (`tests/recovery/slow_backend.py`)
-rather than slowed by a guess at how long it must take, so the request times out whatever the machine's load."""
+The block is held in its stage by the test backend (`tests/recovery/slow_backend.py`, its hold file) rather
+than slowed by a guess at how long it must take, so the request times out whatever the machine's load."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ SOURCES = '[backend_sources]\nslow_avatar = "tests.recovery.slow_backend:SlowAva
 async def test_a_shed_suspend_the_host_did_after_the_request_timed_out_leaves_the_session_marked(stack, tmp_path):
     config = tmp_path / "slow_avatar.toml"
     config.write_text(SOURCES)
-    slow = tmp_path / "e0.slow"  # absent (0) while e0 profiles itself
+    slow = tmp_path / "e0.slow"  # absent: no stage time added, and no block held until `.hold` is there
     # The controller runs its rounds but decides nothing for the one session itself: one host (nothing to
     # rebalance), no overload relief, no idle suspend within the test.
     await stack.start(placements=1, fleet_control=True, rebalance=False, relieve_overload=False, keep_warm_s=3600.0)
@@ -35,8 +35,9 @@ async def test_a_shed_suspend_the_host_did_after_the_request_timed_out_leaves_th
     fleet = placement.fleet
     await eventually(lambda: fleet.tenure.held, 60, what="the fleet controller's tenure")
 
-    slow.write_text("600")  # the next block of `a` stays in its stage until the test lets it go
-    await eventually(lambda: slow.with_name(slow.name + ".in_stage").exists(), 60, what="a block held in e0's stage")
+    hold = slow.with_name(slow.name + ".hold")
+    hold.touch()  # the next block of `a` stays in its stage until the test lets it go
+    await eventually(lambda: slow.with_name(slow.name + ".held").exists(), 60, what="a block held in e0's stage")
     # Shed as overload relief sheds a session ("overload": it waits for input, where a `capacity_lost` one
     # would be re-queued and resumed by the next round, its mark gone before the test could read it).
     with pytest.raises(Timeout):  # the host waits for the block boundary; the request gives up first
@@ -45,7 +46,7 @@ async def test_a_shed_suspend_the_host_did_after_the_request_timed_out_leaves_th
     assert info is not None and info.state == "running", info  # not yet: its block is still in the stage
     assert not (s := placement.view.summaries()["a"]).shed, s
 
-    slow.write_text("0")  # the block ends, and the host carries out the suspend it was asked for
+    hold.unlink()  # the block ends, and the host carries out the suspend it was asked for
 
     async def suspended_on_e0() -> bool:
         got = await stack.info("e0", "a")
