@@ -5,7 +5,8 @@ Every `control_s` the instance holding the tenure (`tenure.py`, key "fleet" in
 policies' snapshot (`fleetview.py`) and runs `policy.decide`: min-max rebalancing gated by the
 admissibility calculator (a round's moves share no receiver; cooldown and bounded moves per
 session per window), autoscaling with hysteresis, idle suspend and resume. It then applies the
-actions; it decides nothing itself, except to refuse one that the fresh state no longer allows:
+actions, each a task that holds its session busy (the runners are `actions.py`'s); it decides nothing
+itself, except to refuse one that the fresh state no longer allows:
 
 - Move: reserve the session's demand on the receiver by CAS, then ask the mover for a live move
   (the mover runs its own admission too); the source's reservation goes once fence shows the
@@ -29,13 +30,14 @@ from typing import Any
 import structlog
 
 from libs.contracts import Contract, Guard
-from libs.errors import Rejected, StatefleetError
+from libs.errors import StatefleetError
 from libs.path_ewma import PathEwma
-from libs.schemas.common import EngineEntry, ShedKind
+from libs.schemas.common import EngineEntry
 from libs.schemas.placement import HostRequest
 from libs.tasks import spawn
-from libs.telemetry import counter, histogram
+from libs.telemetry import histogram
 from services.placement import fleetview
+from services.placement.actions import FleetActions, applied
 from services.placement.control_config import FleetControlConfig
 from services.placement.parts import (
     Draining,
@@ -64,7 +66,6 @@ from services.placement.provisioning.local import LocalProvisioner
 TENURE_KEY = "fleet"
 REDRAIN_AFTER_S = 10.0  # a drain that left sessions behind (no room) is tried again this long after
 
-_actions = counter("sf_placement_fleet_actions_total", "Fleet-controller actions applied, by kind and outcome")
 _round_time = histogram("sf_placement_fleet_round", "One fleet-controller round (snapshot, decide, apply)", unit="s")
 
 
@@ -99,6 +100,8 @@ class FleetController:
         self.rounds = 0  # rounds decided while holding the tenure
         self._tasks: set[asyncio.Task[None]] = set()
         self.log = log.bind(part="fleet")
+        self.actions = FleetActions(config=config, view=view, owners=owners, reservations=reservations,
+                                    relocation=relocation, engines=engines, activity=self.activity, log=self.log)
 
     async def run(self) -> None:
         cfg = self.config
@@ -125,6 +128,7 @@ class FleetController:
         view, cfg = self.view, self.config
         entries = view.live_hosts()
         statuses = await self.engines.statuses([e.host_id for e in entries])
+        await self.actions.confirm(statuses)
         summaries = view.summaries()
         owners = {sid: s.owner_server_id for sid, s in summaries.items()
                   if s.state != "closed" and s.owner_server_id and s.claimed}
@@ -147,7 +151,7 @@ class FleetController:
         for r in decision.refusals:
             self.log.debug("fleet_refusal", kind=r.kind, session_id=r.session_id, host_id=r.host_id, reason=r.reason)
             if r.kind == "resume":
-                await self._tell_waiting(r.session_id, r.reason)
+                await self.actions.tell_waiting(r.session_id, r.reason)
         self._log_scaling(decision, fleet, params)
         await self._apply(decision, now, _residents(fleet))
         return decision
@@ -195,13 +199,13 @@ class FleetController:
             if isinstance(a, Move) and not {a.src, a.dst} & leaving and self._worth_it(a, residents):
                 residents[a.src] -= 1
                 residents[a.dst] = residents.get(a.dst, 0) + 1
-                self._start(a.session_id, a.src, a.dst, self._move(a), "move")
+                self._start(a.session_id, a.src, a.dst, self.actions.move(a), "move")
             elif isinstance(a, Suspend) and a.host_id not in self.draining:  # a suspended session cannot move live
-                self._start(a.session_id, a.host_id, a.host_id, self._suspend(a), "suspend")
+                self._start(a.session_id, a.host_id, a.host_id, self.actions.suspend(a), "suspend")
             elif isinstance(a, Resume) and a.host_id not in leaving:
                 src = self.view.host_of(a.session_id)
                 if src:
-                    self._start(a.session_id, src, a.host_id, self._resume(a, src), "resume")
+                    self._start(a.session_id, src, a.host_id, self.actions.resume(a, src), "resume")
             elif isinstance(a, ScaleOut):
                 await self._scale_out(a, now)
             elif isinstance(a, Drain):
@@ -243,7 +247,7 @@ class FleetController:
             try:
                 await coro
             except StatefleetError as e:
-                _actions.add(1, {"kind": kind, "outcome": e.code})
+                applied.add(1, {"kind": kind, "outcome": e.code})
                 self.log.warning("fleet_action_failed", kind=kind, session_id=sid, code=e.code, detail=e.detail)
             finally:
                 self.busy.pop(sid, None)
@@ -254,83 +258,6 @@ class FleetController:
         task = spawn(coro, name=f"placement:fleet:{name}", event="fleet_task_crashed")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _move(self, a: Move) -> bool:
-        """Reserve on the receiver, live-move through the mover, settle the reservations by what fence shows."""
-        entry = self.view.entry(a.dst)
-        if entry is None:
-            return False
-        try:
-            await self.reservations.reserve(a.session_id, a.dst, entry.incarnation)
-        except Rejected as e:  # filled up since the snapshot: the next round decides again
-            _actions.add(1, {"kind": "move", "outcome": "no_room"})
-            self.log.info("fleet_move_no_room", session_id=a.session_id, dst=a.dst, detail=e.detail)
-            return False
-        why = await self.relocation.move(a.session_id, a.src, a.dst)
-        moved = await self.relocation.settle(a.session_id, a.src, a.dst)
-        # A refused move still counts against the session's window: a session no move can take is not retried
-        # every round.
-        self.activity.moved(a.session_id, time.monotonic(), self.config.knobs().move_window_s)
-        if moved:
-            _actions.add(1, {"kind": "move", "outcome": "committed"})
-            self.log.info("fleet_moved", session_id=a.session_id, src=a.src, dst=a.dst, gain_ms=round(a.gain_ms, 2),
-                          t_migrate_s=round(a.t_migrate_s, 4))
-            return True
-        _actions.add(1, {"kind": "move", "outcome": "not_committed"})
-        self.log.info("fleet_move_not_committed", session_id=a.session_id, src=a.src, dst=a.dst, why=why)
-        return False
-
-    async def _suspend(self, a: Suspend) -> None:
-        await self.engines.suspend(a.host_id, a.session_id)
-        self.activity.suspended(a.session_id, time.monotonic())
-        _actions.add(1, {"kind": "suspend", "outcome": "ok"})
-        self.log.info("fleet_suspended", session_id=a.session_id, host_id=a.host_id, reason=a.reason)
-        if a.reason:  # shed from a device past its limit: said out loud, in the summary `statefleet status` shows
-            owner = (await self.owners.view(a.session_id)).owner  # and to its client, by fence (a notice)
-            waits = "re-queued until a device has room" if a.reason == "capacity_lost" else "resumes on input where there is room"
-            await self.owners.mark(a.session_id, owner.version if owner else 0, shed_kind=a.reason,
-                                   shed=f"{a.reason}: {a.host_id}'s device measured past its limit; {waits}")
-
-    async def _resume(self, a: Resume, src: str) -> None:
-        """Back on its own host; on another one (its own is full) by resuming in place and moving at once."""
-        try:
-            if a.host_id == src:
-                entry = self.view.entry(src)
-                if entry is None:
-                    return
-                await self.reservations.reserve(a.session_id, src, entry.incarnation)
-            await self.engines.resume(src, a.session_id)
-        except Rejected as e:  # no room after all: it waits, and says so
-            await self._tell_waiting(a.session_id, e.detail)
-            raise
-        _actions.add(1, {"kind": "resume", "outcome": "ok"})
-        self.log.info("fleet_resumed", session_id=a.session_id, host_id=src, to=a.host_id)
-        summary = self.view.summaries().get(a.session_id)
-        if summary is not None and summary.shed:  # its mark goes, and its client hears it is back
-            owner = (await self.owners.view(a.session_id)).owner
-            await self.owners.mark(a.session_id, owner.version if owner else 0, resumed=True)
-        if a.host_id != src:
-            await self._move(Move(session_id=a.session_id, src=src, dst=a.host_id, busy_fraction=a.busy_fraction,
-                                  state_bytes=a.state_bytes, gain_ms=0.0, t_migrate_s=0.0, stall_ms=0.0))
-
-    async def _tell_waiting(self, sid: str, why: str) -> None:
-        """A suspended session that wants to resume (input came, or it was re-queued) and finds no room is
-        marked shed, so `statefleet status` and its client hear it waits, unless a mark already says so.
-
-        Most such sessions were shed by this controller and carry their mark already. This one did not: a
-        suspend whose reply came after the request timed out (a loaded host) is done on the host while
-        `_suspend` gave up on it and marked nothing, and an idle-offloaded session's input can arrive when
-        no device has room. Without the mark it sat suspended, its input unapplied, told to nobody (the
-        `bench.failover --hog 2` run of 2026-12-03 18:21)."""
-        summary = self.view.summaries().get(sid)
-        if summary is None or summary.shed or summary.state == "closed":
-            return
-        contract, _ = await self.owners.spec(sid)
-        kind: ShedKind = "capacity_lost" if contract.session_class == "C1" else "overload"
-        owner = (await self.owners.view(sid)).owner
-        await self.owners.mark(sid, owner.version if owner else 0, shed_kind=kind,
-                               shed=f"{kind}: suspended, waiting for a device with room ({why})")
-        self.log.warning("fleet_session_waits", session_id=sid, shed_kind=kind, why=why)
 
     async def _scale_out(self, a: ScaleOut, now: float) -> None:
         if self.provisioner is None:  # decide never scales without one
@@ -343,14 +270,14 @@ class FleetController:
             self.asked[h] = now
             # A host id given out again must take sessions: whatever a former drain left on its record goes.
             await self.reservations.given_out(h)
-        _actions.add(1, {"kind": "scale_out", "outcome": "ok" if started else "exhausted"})
+        applied.add(1, {"kind": "scale_out", "outcome": "ok" if started else "exhausted"})
         self.log.info("fleet_scale_out", asked=a.count, started=started)
 
     async def _drain(self, host: str, now: float) -> None:
         if self.provisioner is None or host not in self.provisioner.managed() or host in self.draining:
             return  # a host we did not start is never given back, so never drained to be
         self.last_scale_in_at = now
-        _actions.add(1, {"kind": "drain", "outcome": "ok"})
+        applied.add(1, {"kind": "drain", "outcome": "ok"})
         self.log.info("fleet_scale_in", host_id=host)
         self._start_drain(host)
 
@@ -377,7 +304,7 @@ class FleetController:
             self.log.info("fleet_stop_deferred", host_id=host, why=why)
             return
         self.provisioner.stop(host)
-        _actions.add(1, {"kind": "stop_host", "outcome": "ok"})
+        applied.add(1, {"kind": "stop_host", "outcome": "ok"})
         self.log.info("fleet_host_stopped", host_id=host)
 
     async def stoppable(self, host: str) -> str:

@@ -7,6 +7,7 @@ import asyncio
 
 import msgspec
 
+from libs.errors import Timeout
 from libs.schemas.engine import SessionInfo
 from services.placement.policy import Move, Suspend
 from tests.placement.parts import Parts
@@ -24,7 +25,7 @@ async def test_a_committed_move_keeps_only_the_receivers_reservation():
     parts.reserved("h0", "a")
     parts.relocation.commits.add("a")
     fleet = parts.controller()
-    assert await fleet._move(move("a", "h0", "h1"))
+    assert await fleet.actions.move(move("a", "h0", "h1"))
     assert parts.reservations.holding("a") == {"h1"}
     assert await parts.owners.owner_is("a", "h1")
 
@@ -34,7 +35,7 @@ async def test_a_move_that_does_not_commit_keeps_only_the_sources_reservation():
     parts.owners.own("a", "h0")
     parts.reserved("h0", "a")
     fleet = parts.controller()
-    assert not await fleet._move(move("a", "h0", "h1"))
+    assert not await fleet.actions.move(move("a", "h0", "h1"))
     assert parts.reservations.holding("a") == {"h0"}
     assert await parts.owners.owner_is("a", "h0")
     assert parts.relocation.asked == [("a", "h0", "h1")]
@@ -44,7 +45,7 @@ async def test_a_move_to_a_full_receiver_is_not_asked_of_the_mover():
     parts = Parts([host("h0"), host("h1", busy=0.95)])
     parts.owners.own("a", "h0")
     parts.reserved("h0", "a")
-    assert not await parts.controller()._move(move("a", "h0", "h1"))
+    assert not await parts.controller().actions.move(move("a", "h0", "h1"))
     assert parts.relocation.asked == []
     assert parts.reservations.holding("a") == {"h0"}
 
@@ -199,3 +200,97 @@ async def test_a_resume_the_host_refuses_for_room_leaves_the_session_marked_wait
     await asyncio.gather(*list(fleet._tasks))
     summary = parts.view.summary["a"]
     assert summary.shed == "capacity_lost" and "host h0: busy" in summary.reason, summary
+
+
+class LateHost:
+    """The engine host's side of a suspend or resume whose reply comes after the caller's timeout: the verb
+    waits for the session's block boundary (`boundary`) and is done then, while the caller got `Timeout`."""
+
+    def __init__(self, parts: Parts) -> None:
+        self.engines = parts.engines
+        self.boundary = asyncio.Event()
+        self.done: list[asyncio.Task[None]] = []
+
+    def verb(self, state: str):
+        async def call(host_id: str, session_id: str) -> None:
+            async def at_boundary() -> None:
+                await self.boundary.wait()
+                self.engines.sessions[host_id] = [msgspec.structs.replace(i, state=state)
+                                                  if i.session_id == session_id else i
+                                                  for i in self.engines.sessions[host_id]]
+
+            self.done.append(asyncio.create_task(at_boundary()))
+            raise Timeout(f"no reply on sf.engine.{host_id} within 5.0s")
+
+        return call
+
+
+async def test_a_shed_suspend_whose_reply_came_after_the_timeout_is_marked_once_the_host_shows_it_suspended():
+    """The suspend timed out while the host still waited for a block boundary (still `running` when asked
+    at once); the host suspended it afterwards. The next round's status read finds it suspended and marks it
+    shed, so status and its client hear why. Before, it sat suspended with no mark, told to nobody."""
+    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=0.95)
+    parts = Parts([over], relieve_overload=True, rebalance=False)
+    parts.owners.own("a", "h0")
+    parts.engines.sessions = {"h0": [running("a", 1)]}
+    late = LateHost(parts)
+    parts.engines.suspend = late.verb("suspended")  # type: ignore[method-assign]
+    fleet = parts.controller()
+    decision = await fleet.round()
+    assert Suspend(session_id="a", host_id="h0", reason="capacity_lost") in decision.actions
+    await asyncio.gather(*list(fleet._tasks))
+    assert parts.owners.marks == [] and not fleet.busy  # not suspended yet: nothing to say
+    late.boundary.set()
+    await asyncio.gather(*late.done)
+    await fleet.round()
+    summary = parts.view.summary["a"]
+    assert summary.shed == "capacity_lost" and summary.state == "suspended", summary
+    assert fleet.activity.seen["a"].suspended_at
+    await fleet.round()
+    assert len(parts.owners.marks) == 1  # finished once
+
+
+async def test_a_suspend_the_host_did_before_the_late_check_is_finished_at_once():
+    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=0.95)
+    parts = Parts([over], relieve_overload=True, rebalance=False)
+    parts.owners.own("a", "h0")
+    parts.engines.sessions = {"h0": [running("a", 1)]}
+    late = LateHost(parts)
+    late.boundary.set()
+    verb = late.verb("suspended")
+
+    async def suspend(host_id: str, session_id: str) -> None:
+        try:
+            await verb(host_id, session_id)
+        finally:
+            await asyncio.gather(*late.done)  # done on the host before the caller asks how it stands
+
+    parts.engines.suspend = suspend  # type: ignore[method-assign]
+    fleet = parts.controller()
+    await fleet.round()
+    await asyncio.gather(*list(fleet._tasks))
+    summary = parts.view.summary["a"]
+    assert summary.shed == "capacity_lost" and summary.state == "suspended", summary
+    assert not fleet.actions.unanswered
+
+
+async def test_a_resume_whose_reply_came_after_the_timeout_drops_the_shed_mark_once_the_host_shows_it_running():
+    """The shed session's resume timed out and the host resumed it afterwards: once a round sees it running,
+    its mark goes (its client hears it is back), rather than a serving session staying marked as waiting."""
+    parts = Parts([host("h0", busy=0.0, sessions=0)], relieve_overload=True, rebalance=False)
+    parts.owners.own("a", "h0")
+    await parts.owners.mark("a", 1, shed_kind="capacity_lost", shed="capacity_lost: h0's device measured past its limit")
+    parts.engines.sessions = {"h0": [suspended("a", 1)]}
+    late = LateHost(parts)
+    parts.engines.resume = late.verb("running")  # type: ignore[method-assign]
+    fleet = parts.controller()
+    decision = await fleet.round()  # a re-queued capacity_lost session resumes once its device has room
+    assert [(type(a).__name__, a.session_id) for a in decision.actions] == [("Resume", "a")]
+    await asyncio.gather(*list(fleet._tasks))
+    assert parts.view.summary["a"].shed == "capacity_lost"
+    late.boundary.set()
+    await asyncio.gather(*late.done)
+    await fleet.round()
+    summary = parts.view.summary["a"]
+    assert summary.state == "serving" and not summary.shed, summary
+    assert ("a", 1, "resumed") in parts.owners.marks
