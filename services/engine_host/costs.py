@@ -14,9 +14,13 @@ from services.engine_host.backends.base import forward_passes
 
 COST_EWMA = 0.2
 # A learned price this much older than its shape's freshest is derived from that one (CostModel's doc).
-# Longer than a floor session's gaps between floor quanta while it steps up and down; short next to a
-# noisy neighbour that stays for minutes.
-STALE_S = 10.0
+# Short next to the gaps between failovers: a session's floor tier runs mostly while it is stepped down
+# or replayed on a loaded host, so its own samples are the slow ones. With 10 s, every kill of
+# `bench.failover --hog 2` (one each ~10 s) replayed floor blocks that then set the floor's price until
+# the next: the device was priced at a median 1.21 while it measured 0.27, and survivors read busy
+# (2026-12-04 19:46, reclaim p99 54 s). Past a second the freshest tier, carried by start-up's ratio
+# between the tiers, says better how fast the device runs now.
+STALE_S = 1.0
 # A learned price with no sample for IDLE_S relaxes toward the start-up measurement with half-life
 # HALF_LIFE_S (CostModel's doc, docs/decisions.md "An idle host's learned price relaxes"). IDLE_S is
 # longer than the gap between a served session's quanta (a C1 period is at most a few hundred ms), so a
