@@ -282,22 +282,19 @@ class EngineRuntime:
 
     def busy_fraction(self) -> float:
         """Share of device time the periodic sessions are promised: their blocks (every stage) at their
-        quality floors, at the costs learned while serving (`CostModel.price`). This is what admission budgets for each of them
-        (`contracts.demand` at the floor row), so the two count the same thing; the scheduler steps
-        sessions down toward their floors whenever what they are served at would not fit. A session held
-        at a block boundary (a checkpoint, a move) still counts: it resumes; a suspended one does not."""
-        counted = self._counted()
-        return sum(self._priced_at(t.shape, t.ladder[0], len(counted)) / t.period_s for t in counted)
+        quality floors, at the costs learned while serving, carried to the number of sessions the host
+        holds now (`CostModel.price`). This is what admission budgets for each of them (`contracts.demand`
+        at the floor row), so the two count the same thing; the scheduler steps sessions down toward their
+        floors whenever what they are served at would not fit. A session held at a block boundary (a
+        checkpoint, a move) still counts: it resumes; a suspended one does not.
 
-    def _priced_at(self, shape: str, tier: int, k: int) -> float:
-        """A block's seconds with `k` sessions on this host: what serving learned, carried from the
-        concurrency it was learned at to `k` by the start-up curve's slope (`CostModel.price`). Learned
-        beside k sessions, co-location is in it already, so at that k the curve adds nothing (scaling a
-        learned price by the curve's whole slowdown counted co-location twice: sixteen sessions priced at
-        1.36-1.42 of the device while it measured 0.76, `bench.c1_periods` 2026-12-03 17:06); a burst
-        just admitted is priced at the curve's slope from there, so the report is what admission's
+        A price learned beside k sessions has co-location in it already, so at that k the curve adds
+        nothing (scaling it by the curve's whole slowdown counted co-location twice: sixteen sessions
+        priced at 1.36-1.42 of the device while it measured 0.76, `bench.c1_periods` 2026-12-03 17:06); a
+        burst just admitted is priced at the curve's slope from there, so the report is what admission's
         marginal prices summed to."""
-        return self.costs.price(shape, tier, k)
+        counted = self._counted()
+        return sum(self.costs.price(t.shape, t.ladder[0], len(counted)) / t.period_s for t in counted)
 
     def _counted(self) -> list:
         """The periodic sessions the device's load counts: every one not suspended."""

@@ -121,7 +121,7 @@ class FleetActions:
             infos = statuses.get(u.host_id)
             if infos is None:
                 continue
-            state = next((i.state for i in infos if i.session_id == sid), "")
+            state = _state_of(sid, infos)
             if self.view.host_of(sid) != u.host_id or state not in ("running", "suspended"):
                 del self.unanswered[sid]
             elif state == u.want:
@@ -137,7 +137,7 @@ class FleetActions:
         """Whether the host shows the session as `u.want` after all; if not, and it may still get there (the
         host still shows it before, or did not answer), the rounds look again."""
         infos = (await self.engines.statuses([u.host_id])).get(u.host_id)
-        state = None if infos is None else next((i.state for i in infos if i.session_id == sid), "")
+        state = None if infos is None else _state_of(sid, infos)
         if state == u.want:
             self.log.info("fleet_action_reconciled", session_id=sid, host_id=u.host_id, state=state, code=e.code)
             return True
@@ -189,3 +189,8 @@ class FleetActions:
         await self.owners.mark(sid, owner.version if owner else 0, shed_kind=kind,
                                shed=f"{kind}: suspended, waiting for a device with room ({why})")
         self.log.warning("fleet_session_waits", session_id=sid, shed_kind=kind, why=why)
+
+
+def _state_of(sid: str, infos: list[SessionInfo]) -> str:
+    """The session's state in its host's status ("" where the host does not hold it)."""
+    return next((i.state for i in infos if i.session_id == sid), "")
