@@ -244,6 +244,9 @@ class EngineHostService(Service):
         return rows
 
     def _measure_profile(self, threads: int) -> list[ProfileRow]:
+        return profile.consistent(self._measured_rows(threads))
+
+    def _measured_rows(self, threads: int) -> list[ProfileRow]:
         cfg: EngineHostConfig = self.config
         backends = [self.runtime.backend(info.name) for info in self.backend_infos]
         # every lone block first, before a probe process starts: its start-up would be in them
