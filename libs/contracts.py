@@ -73,6 +73,12 @@ def check_coherence(contract: Contract, backend: str, tiers: Iterable[int]) -> N
 _EPS = 1e-9
 
 
+# The window over which an engine host measures its device time (`EngineEntry.measured_fraction`): long
+# enough to hold several blocks of a 67 ms period, short enough to see an overload within a few heartbeats.
+# A session that left its device still counts in that device's measured load for up to this long.
+MEASURE_WINDOW_S = 2.0
+
+
 class Guard(msgspec.Struct, kw_only=True, frozen=True):
     """Headroom every host keeps free, and its retained-session slots."""
 

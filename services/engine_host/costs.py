@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 import crc32c
 import torch
 
+from libs.contracts import MEASURE_WINDOW_S
 from services.engine_host.backends import Backend, Registry, make_backend
 from services.engine_host.backends.base import forward_passes
 
@@ -101,6 +103,9 @@ class CostModel:
         self._curves: dict[tuple[str, int], Callable[[int], float]] = {}  # → start-up block at k sessions
         self._passes: dict[str, Callable[[int], int]] = {}
         self._fresh: dict[str, int] = {}  # shape → the tier of its last learned single block
+        self.learned_beside = 0  # sessions the host served when the last quantum (any shape) was learned
+        # shape → (finished at, tier, stage seconds, blocks, sessions served) of the quanta of the last window
+        self._served: dict[str, deque[tuple[float, int, float, int, int]]] = {}
 
     def shape(self, backend: Backend) -> None:
         """Know a shape's forward passes per tier, so a tier not measured yet is priced from one that was."""
@@ -123,14 +128,54 @@ class CostModel:
 
     def price(self, shape: str, tier: int, k: int) -> float:
         """What one session's block is budgeted at beside `k` sessions on this host (admission's price,
-        the heartbeat's load): the single block as learned (else derived, else start-up's), carried from
-        the concurrency it was learned at to `k` by the start-up curve's slope."""
-        seconds, at_k = self._single_at(shape, tier)
+        the heartbeat's load): the device time a block took while serving (`served`), else the single block
+        as learned (else derived, else start-up's), carried from the concurrency it was measured at to `k`
+        by the start-up curve's slope."""
+        seconds, at_k = self.served(shape, tier) or self._single_at(shape, tier)
         return seconds * self._slope(shape, tier, at_k, k)
 
+    def served(self, shape: str, tier: int) -> tuple[float, int] | None:
+        """(seconds, sessions): the device time a block of `tier` took over the last measurement window, all
+        its quanta's stage time over all their blocks, batched or not, and the sessions served meanwhile
+        (block-weighted); a tier not served in the window from the shape's most served tier by start-up's
+        ratio between them. None when nothing of the shape finished within the window.
+
+        This is the same quantity over the same window as the host's measured load (`DeviceTime`), so what
+        the heartbeat prices its sessions at is what they measured. A per-quantum EWMA was not: a busy host
+        runs its blocks mostly batched, each quantum a sample of very different size, and its single-block
+        price swung 0.3-2.0 of the device at one heartbeat to the next with sixteen sessions while they
+        measured 0.7-0.9 (`bench.c1_periods`, 2026-12-07), or, learned from lone quanta only, relaxed toward
+        start-up's while the host served batches and priced them at a third of what they measured."""
+        done = self._served.get(shape)
+        if not done:
+            return None
+        while done and done[0][0] < self.clock() - MEASURE_WINDOW_S:
+            done.popleft()
+        per: dict[int, list[float]] = {}  # tier → [stage seconds, blocks, sessions × blocks]
+        for _, t, seconds, n, k in done:
+            acc = per.setdefault(t, [0.0, 0, 0])
+            acc[0] += seconds
+            acc[1] += n
+            acc[2] += k * n
+        if not per:
+            return None
+        ref = tier if tier in per else max(per, key=lambda t: per[t][1])
+        r = 1.0 if ref == tier else self._ratio(shape, tier, ref)
+        if r is None:
+            return None
+        seconds, blocks, weighted = per[ref]
+        return seconds / blocks * r, max(1, round(weighted / blocks))
+
     def learn(self, shape: str, tier: int, n: int, seconds: float) -> None:
-        """Fold one finished quantum in; a price that was not current starts from what it was derived as,
-        carried to the concurrency the host serves now."""
+        """Fold one finished quantum of `n` blocks in: its batch size's price (the scheduler's), and the
+        device time its blocks took for what a block is priced at (`price`)."""
+        self._fold(shape, tier, n, seconds)
+        served = self._served.setdefault(shape, deque())
+        served.append((self.clock(), tier, seconds, n, max(1, self.concurrency())))
+
+    def _fold(self, shape: str, tier: int, n: int, seconds: float) -> None:
+        """A price that was not current starts from what it was derived as, carried to the concurrency the
+        host serves now."""
         k = max(1, self.concurrency())
         old = self._current(shape, tier, n)
         if old is not None:
@@ -140,6 +185,7 @@ class CostModel:
             old = single * self._slope(shape, tier, at_k, k) or None
         new = seconds if old is None else (1 - COST_EWMA) * old + COST_EWMA * seconds
         self._learned[(shape, tier, n)] = (new, self.clock(), k)
+        self.learned_beside = k
         if n == 1:
             self._fresh[shape] = tier
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 
-WINDOW_S = 2.0  # long enough to hold several blocks of a 67 ms period, short enough to see an overload in one heartbeat or four
+from libs.contracts import MEASURE_WINDOW_S
 
 
 class DeviceTime:
     """A sliding window of (finished at, stage seconds); `fraction` is their sum over the window."""
 
-    def __init__(self, window_s: float = WINDOW_S) -> None:
+    def __init__(self, window_s: float = MEASURE_WINDOW_S) -> None:
         self.window_s = window_s
         self._done: deque[tuple[float, float]] = deque()
         self._sum = 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from libs.contracts import MEASURE_WINDOW_S
 from services.engine_host.costs import COST_EWMA, HALF_LIFE_S, IDLE_S, STALE_S, CostModel
 
 SHAPE = "avatar:00000000"
@@ -65,11 +66,12 @@ def test_an_idle_price_relaxes_toward_start_up_with_its_half_life():
     clock = Clock()
     costs = seeded(clock)
     costs.learn(SHAPE, 1, 1, 0.400)
-    learned = costs.price(SHAPE, 1, 1)
+    learned = costs.estimate(SHAPE, 1, 1)
     assert learned == pytest.approx((1 - COST_EWMA) * 0.0004 + COST_EWMA * 0.400)
+    assert costs.price(SHAPE, 1, 1) == pytest.approx(0.400)  # admission's: what the window measured
     clock.now += IDLE_S  # no longer than a served session's gaps between quanta: exactly what was learned
-    assert costs.price(SHAPE, 1, 1) == learned
-    clock.now += HALF_LIFE_S
+    assert costs.estimate(SHAPE, 1, 1) == learned
+    clock.now += HALF_LIFE_S  # past the measurement window too: admission's price is the relaxed one
     assert costs.price(SHAPE, 1, 1) == pytest.approx(0.0004 + (learned - 0.0004) / 2)
     clock.now += 9 * HALF_LIFE_S
     assert costs.price(SHAPE, 1, 1) == pytest.approx(0.0004 + (learned - 0.0004) / 2 ** 10)
@@ -118,3 +120,21 @@ def test_a_tier_only_start_up_measured_follows_serving_and_with_no_serving_keeps
     costs.learn(SHAPE, 1, 1, 0.0012)  # serving at the floor: the device runs 3x slower than at start-up
     floor = costs.estimate(SHAPE, 1, 1)
     assert costs.estimate(SHAPE, 8, 1) == pytest.approx(floor * 0.0008 / 0.0004)
+
+
+def test_a_busy_host_prices_a_block_at_the_device_time_its_blocks_took_over_the_window_batched_or_not():
+    """What the heartbeat prices a block at is what the host's measured load counts: every quantum's stage
+    time over every block it ran within the measurement window, so a batch of four counts as four blocks
+    and a lone block as one; the scheduler's own price of a batch is kept apart."""
+    clock = Clock()
+    costs = seeded(clock)
+    for _ in range(100):  # a batch of four blocks in 8 ms and a lone block in 4 ms, in turn
+        clock.now += 0.01
+        costs.learn(SHAPE, 1, 4, 0.008)
+        clock.now += 0.01
+        costs.learn(SHAPE, 1, 1, 0.004)
+    assert costs.price(SHAPE, 1, 1) == pytest.approx(0.012 / 5, rel=1e-3)  # 12 ms over five blocks
+    assert costs.price(SHAPE, 8, 1) == pytest.approx(0.012 / 5 * 2, rel=1e-3)  # not served: by start-up's ratio
+    assert costs.estimate(SHAPE, 1, 4) == pytest.approx(0.008, rel=1e-3)  # the batch's own price is kept
+    clock.now += MEASURE_WINDOW_S + IDLE_S + 20 * HALF_LIFE_S  # nothing served since: back to start-up's
+    assert costs.price(SHAPE, 1, 1) == pytest.approx(0.0004, rel=1e-2)
