@@ -190,6 +190,15 @@ def _first_failure(alone: float, need: Demand, busy: float, free: int, mem_guard
     return ""
 
 
+def measured_view(host: EngineEntry) -> EngineEntry:
+    """`host` as admission reads it: the dearer of its priced load and the load it measured itself carrying
+    (priced leads: a session just placed counts at once; measured lags but sees what prices miss: costs that
+    rose, a neighbour), so it never adds to a device overload relief would shed from; plus the share its
+    re-queued `capacity_lost` sessions hold, so no newcomer takes the room they wait to come back to."""
+    load = max(host.busy_fraction, host.measured_fraction) + host.held_fraction
+    return host if load == host.busy_fraction else msgspec.structs.replace(host, busy_fraction=load)
+
+
 def device_key(host: EngineEntry) -> str:
     """Hosts with equal keys share one device: the same machine (`EngineEntry.machine`, announced in
     every heartbeat) and the same device ("cpu" is the machine's CPU; "cuda:0" one of its GPUs)."""

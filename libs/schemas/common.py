@@ -115,6 +115,12 @@ class EngineEntry(Msg):
     heartbeat_s: float = 0.0  # how often this host beats; placement declares it dead after missed beats
     # share of wall time its stages measured themselves running (services/engine_host/device_time.py)
     measured_fraction: float = 0.0
+    # How many of its sessions the host's prices were last measured beside (`EngineRuntime.measured_sessions`):
+    # admission takes a device past what it was measured at only step by step (services/admission/ramp.py).
+    measured_sessions: int = 0
+    # Share of device time its sessions suspended with their share held would take back (C1 sessions overload
+    # relief shed as `capacity_lost`, re-queued for that room): admission counts it, relief and resumes do not.
+    held_fraction: float = 0.0
     # Every session this host holds, so its load counts it: a reservation for one of them stops counting
     # (libs/contracts.py `shown`); one still missing here keeps counting however long its start takes.
     session_ids: list[str] = []

@@ -63,6 +63,9 @@ class SessionRef(Msg):
 
     session_id: str
     finish: bool = True  # close: let in-flight blocks finish (True) or cancel them (False)
+    # suspend: keep its device share in the host's load while suspended (a C1 shed as `capacity_lost`: new
+    # sessions do not take the room it is re-queued for)
+    hold_share: bool = False
 
 
 class Advance(Msg):

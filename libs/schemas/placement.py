@@ -19,6 +19,8 @@ class PlaceRequest(Msg):
     backend: str
     contract: Contract
     guard: Guard = Guard()
+    # Only these hosts (admission's ramp lets their devices take the session now); empty: any host.
+    hosts: list[str] = []
 
 
 class Placement(Msg):

@@ -30,13 +30,16 @@ from libs.contracts import (
     Reservations,
     backend_tiers,
     check_coherence,
+    device_key,
     estimate,
     idle,
+    measured_view,
     pooled,
 )
 from libs.errors import BadRequest
 from libs.schemas.admission import AdmissionVerdict
 from libs.schemas.common import EngineEntry
+from services.admission.ramp import Ramp, device_measured, ramped
 
 # A verdict that is not an admission shows this many hosts' estimates (host_id order), not the whole fleet.
 MAX_REPORTED_ESTIMATES = 16
@@ -55,6 +58,7 @@ class Policy:
     queue_capacity: int
     queue_timeout_s: float
     settle_s: float  # how long a placement counts against its host without showing in its heartbeat
+    ramp: Ramp = Ramp()  # how far past what it was measured serving a device is taken at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +137,22 @@ class AdmissionCore:
         queued = self._queue.pop(session_id, None) is not None
         return self.reservations.drop(session_id) or queued
 
+    def ramp_hosts(self, cand: Candidate, hosts: Sequence[EngineEntry]) -> list[str] | None:
+        """The hosts whose device the ramp lets take `cand` now (placement chooses among them); None for a
+        candidate the ramp does not apply to (no window: it takes no device share)."""
+        if cand.contract.window_ms is None:
+            return None
+        return [e.host_id for e in self._estimates(cand, hosts) if e.reason != "ramping"]
+
     def _estimates(self, cand: Candidate, hosts: Sequence[EngineEntry]) -> Iterator[Estimate]:
-        """Estimates host by host in host_id order (the order placement's first fit uses), lazily."""
+        """Estimates host by host in host_id order (the order placement's first fit uses), lazily; a host
+        whose device would grow past its ramp does not fit now (`ramping`)."""
+        hosts = [measured_view(h) for h in hosts]
         views = pooled(hosts, self.reservations.on)  # hosts that share a device split it
+        measured = device_measured(hosts)
         for h in sorted(hosts, key=lambda h: h.host_id):
-            yield estimate(cand.contract, cand.backend, views[h.host_id], self.reservations.on(h), self.policy.guard)
+            e = estimate(cand.contract, cand.backend, views[h.host_id], self.reservations.on(h), self.policy.guard)
+            yield ramped(e, cand.contract, measured[device_key(h)], self.policy.ramp)
 
     def _idle_fits(self, cand: Candidate, host: EngineEntry) -> bool:
         return estimate(cand.contract, cand.backend, idle(host), [], self.policy.guard).fits

@@ -69,6 +69,7 @@ from services.admission.auth import OPEN, Caller, Credentials
 from services.admission.console import add_console
 from services.admission.core import AdmissionCore, Candidate, Policy
 from services.admission.fleet_feed import FleetFeed
+from services.admission.ramp import Ramp
 
 _verdicts = counter("sf_admission_verdicts_total", "Admission verdicts by outcome and reason")
 _queue_wait = histogram("sf_admission_queue_wait", "Created to placed, for sessions that waited", unit="s")
@@ -87,6 +88,10 @@ class AdmissionConfig(HttpServerConfig, kw_only=True):
     max_sessions_per_host: PositiveInt = 64
     queue_capacity: Annotated[int, msgspec.Meta(ge=0)] = 256
     queue_timeout_s: PositiveFloat = 30.0
+    # A device takes this many sessions at start-up's prices, then at most ramp_growth more than its hosts
+    # measured themselves serving (at least one): services/admission/ramp.py
+    ramp_initial_sessions: PositiveInt = 4
+    ramp_growth: PositiveFloat = 0.25
     # A placement counts against its host until its heartbeat lists the session; one that never
     # arrives stops counting after this (libs/contracts.py `unsettled`).
     reservation_settle_s: PositiveFloat = 30.0
@@ -107,7 +112,8 @@ class AdmissionService(Service):
         self.guard = Guard(busy_fraction=cfg.guard_busy_fraction, memory_fraction=cfg.guard_memory_fraction,
                            max_sessions=cfg.max_sessions_per_host)
         self.core = AdmissionCore(Policy(guard=self.guard, queue_capacity=cfg.queue_capacity,
-                                         queue_timeout_s=cfg.queue_timeout_s, settle_s=cfg.reservation_settle_s))
+                                         queue_timeout_s=cfg.queue_timeout_s, settle_s=cfg.reservation_settle_s,
+                                         ramp=Ramp(initial=cfg.ramp_initial_sessions, growth=cfg.ramp_growth)))
         self._lock = asyncio.Lock()  # one decision at a time: decide, place, record
         self._tenants: Counter[str] = Counter()  # live (not timed-out) sessions per tenant, for the quota
         self._wake = asyncio.Event()
@@ -246,7 +252,11 @@ class AdmissionService(Service):
     async def _place(self, record: SessionRecord, verdict: AdmissionVerdict, *, create: bool) -> SessionRecord | None:
         """Ask placement for a host and record the decision; None when it could not be placed now."""
         sid = record.session_id
-        req = PlaceRequest(session_id=sid, backend=record.backend, contract=record.contract, guard=self.guard)
+        hosts = self.core.ramp_hosts(Candidate(sid, record.backend, record.contract), self._live())
+        if hosts == []:  # a heartbeat since the verdict: no device's ramp takes it now, so it waits queued
+            return None
+        req = PlaceRequest(session_id=sid, backend=record.backend, contract=record.contract, guard=self.guard,
+                           hosts=hosts or [])
         try:
             placement = await bus.request(self.nc, names.PLACEMENT_PLACE, req, Placement,
                                           timeout_s=self.config.place_timeout_s)

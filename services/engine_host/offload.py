@@ -25,14 +25,14 @@ class Offload:
         self.in_thread = in_thread
         self.clock = clock
 
-    async def suspend(self, sid: str) -> None:
+    async def suspend(self, sid: str, hold_share: bool = False) -> None:
         s = self.sessions.get(sid)
         if s.status != "running":
             raise Conflict(f"session {sid} is {s.status}, not running", session_id=sid)
         async with self.boundaries.hold(s):
             pin = self.device.type == "cuda"
             s.state = await self.in_thread(clone_tree, s.state, "cpu", pin=pin)
-            s.status, s.suspended_at = "suspended", self.clock()
+            s.status, s.suspended_at, s.holds_share = "suspended", self.clock(), hold_share
             self.sched.pause(sid, True, s.suspended_at)
 
     async def resume(self, sid: str) -> None:
@@ -43,4 +43,4 @@ class Offload:
             s.state = await self.in_thread(clone_tree, s.state, self.device)
             now = self.clock()
             s.stats.idle_interval(s.suspended_at, now, "suspended")
-            s.status, s.last_end = "running", now
+            s.status, s.last_end, s.holds_share = "running", now, False

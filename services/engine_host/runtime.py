@@ -193,9 +193,10 @@ class EngineRuntime:
             await s.outbox.flushed()
         return s.info(self.sched.tasks.get(sid))
 
-    async def suspend(self, sid: str) -> SessionInfo:
-        """Offload an idle session's state to host memory (pinned where there is a GPU)."""
-        await self.offload.suspend(sid)
+    async def suspend(self, sid: str, hold_share: bool = False) -> SessionInfo:
+        """Offload a session's state to host memory (pinned where there is a GPU). `hold_share`: its device
+        share stays in this host's load while it waits to resume (`Session.holds_share`)."""
+        await self.offload.suspend(sid, hold_share)
         return self.info(sid)
 
     async def resume(self, sid: str) -> SessionInfo:
@@ -296,10 +297,28 @@ class EngineRuntime:
         counted = self._counted()
         return sum(self.costs.price(t.shape, t.ladder[0], len(counted)) / t.period_s for t in counted)
 
+    def held_fraction(self) -> float:
+        """Share of device time the periodic sessions suspended with their share held (`Session.holds_share`:
+        re-queued for the room they left) would take back, priced as `busy_fraction` prices the others."""
+        held = [t for t in self.sched.tasks.values() if t.cls in PERIODIC and t.sid in self._holding()]
+        k = len(self._counted()) + len(held)
+        return sum(self.costs.price(t.shape, t.ladder[0], k) / t.period_s for t in held)
+
+    def _holding(self) -> set[str]:
+        return {s.sid for s in self.sessions if s.status == "suspended" and s.holds_share}
+
     def _counted(self) -> list:
         """The periodic sessions the device's load counts: every one not suspended."""
         suspended = {s.sid for s in self.sessions if s.status == "suspended"}
         return [t for t in self.sched.tasks.values() if t.cls in PERIODIC and t.sid not in suspended]
+
+    def measured_sessions(self) -> int:
+        """How many of the sessions it holds the host's prices were measured beside: all of them but the
+        periodic ones its last learned quantum did not have beside it yet (one that just arrived has run no
+        block). Suspended and windowless sessions are priced at nothing, so they count as measured.
+        Admission grows a device past this only step by step (`services/admission/ramp.py`)."""
+        counted = len(self._counted())
+        return len(self.sessions) - max(0, counted - self.costs.learned_beside)
 
     def measured_fraction(self) -> float:
         """Share of wall time this host's stages measured themselves running, over the last few seconds."""

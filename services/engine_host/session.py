@@ -79,6 +79,9 @@ class Session:
     holds: int = 0
     held_at: float = 0.0
     suspended_at: float = 0.0
+    # Suspended with its device share held (a C1 overload relief shed as `capacity_lost`): its heartbeat's
+    # `held_fraction` prices it, so admission gives nothing new the room it waits to come back to.
+    holds_share: bool = False
     asked_at: float = 0.0
     last_end: float = 0.0
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)

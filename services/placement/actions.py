@@ -84,7 +84,8 @@ class FleetActions:
         supersedes that."""
         self.unanswered.pop(a.session_id, None)
         try:
-            await self.engines.suspend(a.host_id, a.session_id)
+            # a C1 shed as capacity_lost is re-queued for the room it leaves: its host keeps that share priced
+            await self.engines.suspend(a.host_id, a.session_id, hold_share=a.reason == "capacity_lost")
         except (Timeout, Conflict) as e:
             if not await self._reconciled(a.session_id, Unanswered(a.host_id, "suspended", a.reason), e):
                 raise

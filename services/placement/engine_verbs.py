@@ -28,9 +28,9 @@ class EngineVerbs:
         got = await asyncio.gather(*(one(h) for h in host_ids))
         return {h: infos for h, infos in got if infos is not None}
 
-    async def suspend(self, host_id: str, session_id: str) -> None:
-        await bus.request(self.nc, names.engine_subject(host_id, "suspend"), SessionRef(session_id=session_id),
-                          SessionInfo)
+    async def suspend(self, host_id: str, session_id: str, hold_share: bool = False) -> None:
+        await bus.request(self.nc, names.engine_subject(host_id, "suspend"),
+                          SessionRef(session_id=session_id, hold_share=hold_share), SessionInfo)
 
     async def resume(self, host_id: str, session_id: str) -> None:
         await bus.request(self.nc, names.engine_subject(host_id, "resume"), SessionRef(session_id=session_id),

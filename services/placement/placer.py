@@ -65,6 +65,8 @@ class Placer:
 
     def _choose(self, req: PlaceRequest, exclude: Sequence[str]) -> choice.Choice:
         hosts = self.view.live_hosts()
+        if req.hosts:  # the hosts admission lets the session go to; the others only pool their device's load
+            exclude = [*exclude, *(h.host_id for h in hosts if h.host_id not in req.hosts)]
         return choice.choose(choice.wanted(req.session_id, req.contract, req.backend), hosts=hosts,
                              records=self.view.records(), params=self.config.params(req.guard),
                              settle_s=self.settle_s, paths=PathRates(default_bps=self.config.path_bps),

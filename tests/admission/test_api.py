@@ -232,13 +232,24 @@ async def test_nats_outage_is_503_and_changes_nothing_then_service_resumes(start
 
 
 async def test_concurrent_creates_never_over_admit_and_each_gets_one_outcome(http, admission, fleet):
-    """30 creates at once against one host with room for exactly nine 0.1-device sessions
-    (guard 0.1): nine are placed, the queue (2) fills, the rest are refused; nothing is lost."""
+    """30 creates at once against one host with room for nine 0.1-device sessions (guard 0.1) that has
+    measured none of its sessions yet: the ramp's first four are placed, the queue (2) fills, the rest are
+    refused; nothing is lost. As its heartbeats show the placed sessions measured, the waiters are placed
+    (a ramp step each), and what was placed never passes the device's limit."""
     await fleet.beat("h0")
     await sees(admission)
     resps = await asyncio.gather(*(http.post("/v1/sessions", json=body()) for _ in range(30)))
     statuses = sorted(r.status for r in resps)
-    assert statuses == [201] * 9 + [202] * 2 + [429] * 19
+    assert statuses == [201] * 4 + [202] * 2 + [429] * 24
     recs = await records(admission)
-    assert sorted(r.state for r in recs.values()) == ["placed"] * 9 + ["queued"] * 2
+    assert sorted(r.state for r in recs.values()) == ["placed"] * 4 + ["queued"] * 2
+
+    async def all_placed() -> bool:
+        placed = sorted(sid for sid, r in (await records(admission)).items() if r.state == "placed")
+        await fleet.beat("h0", sessions=len(placed), busy=0.1 * len(placed), session_ids=placed)
+        return len(placed) == 6
+
+    await eventually(all_placed, every_s=0.2, what="the queued two placed as the host measures the first four")
+    recs = await records(admission)
+    assert sorted(r.state for r in recs.values()) == ["placed"] * 6
     assert sum(r.demand.busy_fraction for r in recs.values() if r.demand) <= 0.9 + 1e-9

@@ -6,9 +6,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from libs.contracts import Demand, Guard, block_ms_at, carried, demand, device_ms, estimate, pooled
+from libs.contracts import Guard, block_ms_at, carried, demand, device_ms, estimate, pooled
 from libs.schemas.common import EngineEntry, ProfileRow
-from services.admission.core import AdmissionCore, Candidate, Policy
+from services.admission.core import AdmissionCore, Policy
+from services.admission.ramp import Ramp
+from tests.support.admission_core import offer
 from tests.support.fleet_rows import c1, host
 
 # Block ms at 1, 2, 4 sessions: 10, 15, 25. k sessions at a 100 ms period take k × block(k) / 100 of the
@@ -35,20 +37,11 @@ def test_demand_is_the_marginal_device_time_of_one_more_session():
 
 
 def admitted(row: ProfileRow, offered: int) -> list[str]:
-    """Offer `offered` sessions one by one to a pure admission core over one empty host."""
+    """Offer `offered` sessions one by one to a pure admission core over one empty host (the curve alone
+    decides: no ramp below the offer; tests/admission/test_ramp.py has the ramp)."""
     core = AdmissionCore(Policy(guard=Guard(busy_fraction=0.1), queue_capacity=64, queue_timeout_s=10.0,
-                                settle_s=5.0))
-    hosts = [host("h0", profile=[row])]
-    out = []
-    for i in range(offered):
-        v = core.submit(Candidate(session_id=f"s{i}", backend="world", contract=c1()), hosts, 1000.0)
-        if v.outcome == "admitted":
-            e = v.estimates[0]
-            core.placed(f"s{i}", e.host_id, Demand(busy_fraction=e.busy_fraction, state_bytes=e.state_bytes), 1000.0)
-            out.append(v.outcome)
-        else:
-            out.append(f"{v.outcome}:{v.estimates[0].reason}")
-    return out
+                                settle_s=5.0, ramp=Ramp(initial=offered)))
+    return ["admitted" if r == "h0" else r for r in offer(core, [host("h0", profile=[row])], offered)]
 
 
 def test_admission_refuses_the_session_that_would_cross_the_measured_limit():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from libs.checkpoint import clone_tree, trees_equal
+from libs.contracts import MEASURE_WINDOW_S
 from libs.errors import BadRequest, Busy, Conflict, NotFound, SchemaError
 from libs.schemas.base import decode
 from libs.schemas.common import InputItem
@@ -414,7 +415,7 @@ async def test_the_heartbeat_load_is_what_admission_budgets_and_the_profile_foll
         rt.costs.learn(shape, 2, 1, 0.030)
         contract = Contract(session_class="C1", quality_floor=2, determinism="T1", period_ms=1000.0)
         row = floor_row(rt.refreshed_profile(rows), "world", 2)
-        assert row is not None and row.block_ms == pytest.approx(0.8 * 20.0 + 0.2 * 30.0)  # the cost EWMA
+        assert row is not None and row.block_ms == pytest.approx(30.0)  # what serving measured over the window
         assert row.quantum_ms / row.block_ms == pytest.approx(0.5)  # start-up's denoise share, kept
         assert rt.busy_fraction() == pytest.approx(demand(contract, row).busy_fraction)
         assert rt.served_fraction() == pytest.approx(rt.costs.estimate(shape, rt.sched.tasks["c"].tier, 1))
@@ -477,12 +478,52 @@ async def test_a_price_learned_beside_k_sessions_is_not_slowed_down_again_by_the
         assert rt.busy_fraction() == pytest.approx(2 * 0.150, rel=1e-3)  # not 2 × 150 × 1.5
         held = floor_row(rt.refreshed_profile([row]), "world", 1)  # the curve held: the row stays as measured
         assert held is not None and held.colocated == pytest.approx(row.colocated, rel=1e-3)
+        await asyncio.sleep(MEASURE_WINDOW_S + 0.1)  # the 150 ms blocks leave the measurement window
         for _ in range(40):  # the device got slower than its curve: 300 ms at k = 2, twice the curve
             rt.costs.learn(shape, 1, 1, 0.300)
         assert rt.busy_fraction() == pytest.approx(2 * 0.300, rel=1e-3)
         fresh = floor_row(rt.refreshed_profile([row]), "world", 1)
         assert fresh is not None and fresh.colocated == pytest.approx([200.0, 300.0], rel=1e-3)
         assert fresh.block_ms == pytest.approx(200.0, rel=1e-3) and fresh.quantum_ms == pytest.approx(100.0, rel=1e-3)
+    finally:
+        await rt.stop()
+
+
+async def test_a_session_suspended_with_its_share_held_is_priced_as_held_until_it_resumes():
+    """A C1 shed as `capacity_lost` is re-queued for the room it leaves: its host prices that room apart
+    (`held_fraction`, which admission counts), so no newcomer takes it; an idle offload frees its share."""
+    row = curved_row()
+    rt = await two_c1_sessions(row)
+    try:
+        both = rt.busy_fraction()
+        await rt.suspend("c0", hold_share=True)  # priced apart: what runs, and what it holds for c0
+        # c1 alone is 100 ms a 1 s period; c0's hold is its block beside both (150 ms)
+        assert (rt.busy_fraction(), rt.held_fraction()) == (pytest.approx(0.100), pytest.approx(0.150))
+        await rt.resume("c0")
+        assert (rt.busy_fraction(), rt.held_fraction()) == (pytest.approx(both), 0.0)
+        await rt.suspend("c0")  # an idle offload holds nothing
+        assert rt.busy_fraction() < both and rt.held_fraction() == 0.0
+    finally:
+        await rt.stop()
+
+
+async def test_the_heartbeat_says_how_many_of_its_sessions_its_prices_were_measured_beside():
+    """Admission's ramp reads `measured_sessions`: a session that arrived after the last learned quantum is
+    not measured yet; one that takes no device share (suspended here) counts as measured."""
+    row = curved_row()
+    rt = await two_c1_sessions(row)
+    try:
+        shape = rt.sched.tasks["c0"].shape
+        assert rt.measured_sessions() == 0  # nothing learned: neither session was measured
+        rt.costs.learn(shape, 1, 1, 0.150)
+        assert rt.measured_sessions() == 2
+        await rt.open(OpenSession(session_id="c2", backend="world", seed=2, session_class="C1",
+                                  period_ms=1000.0, quality_floor=1), gated=True)
+        assert rt.measured_sessions() == 2  # the newcomer ran beside nothing learned yet
+        rt.costs.learn(shape, 1, 1, 0.150)
+        assert rt.measured_sessions() == 3
+        await rt.suspend("c2")  # offloaded: priced at nothing
+        assert rt.measured_sessions() == 3
     finally:
         await rt.stop()
 

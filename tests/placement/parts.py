@@ -191,13 +191,15 @@ class Engines:
     def __init__(self) -> None:
         self.sessions: dict[str, list[SessionInfo]] = {}
         self.suspended: list[tuple[str, str]] = []
+        self.holding: list[str] = []  # suspended with their device share kept
         self.resumed: list[tuple[str, str]] = []
 
     async def statuses(self, host_ids: list[str]) -> dict[str, list[SessionInfo]]:
         return {h: self.sessions.get(h, []) for h in host_ids}
 
-    async def suspend(self, host_id: str, session_id: str) -> None:
+    async def suspend(self, host_id: str, session_id: str, hold_share: bool = False) -> None:
         self.suspended.append((host_id, session_id))
+        self.holding += [session_id] if hold_share else []
 
     async def resume(self, host_id: str, session_id: str) -> None:
         self.resumed.append((host_id, session_id))

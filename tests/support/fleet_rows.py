@@ -17,10 +17,13 @@ def rows(backend: str = "world", tiers: dict[int, float] | None = None, state_by
 
 
 def host(host_id: str = "h0", *, busy: float = 0.0, free: int = 60 * GIB, memory: int = 80 * GIB,
-         sessions: int = 0, at: float = 1000.0, profile: list[ProfileRow] | None = None) -> EngineEntry:
+         sessions: int = 0, at: float = 1000.0, profile: list[ProfileRow] | None = None,
+         measured: int | None = None, session_ids: list[str] | None = None) -> EngineEntry:
+    """`measured`: the sessions its prices were measured beside (default: all of them)."""
     return EngineEntry(host_id=host_id, device="cuda:0", memory_bytes=memory, free_memory_bytes=free,
                        sessions=sessions, heartbeat_at=at, profile=rows() if profile is None else profile,
-                       busy_fraction=busy)
+                       busy_fraction=busy, measured_sessions=sessions if measured is None else measured,
+                       session_ids=session_ids or [])
 
 
 def c1(period_ms: float = 100.0, floor: int = 4, **kw) -> Contract:
