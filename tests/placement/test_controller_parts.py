@@ -103,11 +103,11 @@ async def test_a_round_suspends_a_session_idle_past_keep_warm_and_only_that_one(
 
 
 async def test_a_c1_session_no_device_can_keep_is_suspended_as_capacity_lost_and_its_summary_says_so():
-    """The one host's device measured past its limit (0.95 > 0.9) with nowhere to move: the round sheds its C1
+    """The one host's device measured past its limit (1.0 > 0.9 + its margin) with nowhere to move: the round sheds its C1
     session as `capacity_lost`, suspends it on its host, and the summary `statefleet status` prints names why."""
     import msgspec
 
-    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=0.95)
+    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=1.0)
     parts = Parts([over], relieve_overload=True, rebalance=False)
     parts.owners.own("a", "h0")
     parts.engines.sessions = {"h0": [running("a", 1)]}
@@ -116,6 +116,7 @@ async def test_a_c1_session_no_device_can_keep_is_suspended_as_capacity_lost_and
     assert Suspend(session_id="a", host_id="h0", reason="capacity_lost") in decision.actions
     await asyncio.gather(*list(fleet._tasks))
     assert parts.engines.suspended == [("h0", "a")]
+    assert parts.engines.holding == ["a"]  # its host keeps its share priced: re-queued for that room
     summary = parts.view.summary["a"]
     assert summary.state == "suspended" and summary.reason.startswith("capacity_lost"), summary
 
@@ -123,11 +124,12 @@ async def test_a_c1_session_no_device_can_keep_is_suspended_as_capacity_lost_and
 async def test_a_capacity_lost_session_waits_while_its_device_is_measured_over_and_resumes_once_it_has_room():
     """Re-queued, not bouncing: the shed C1 session stays suspended while its device still measures past its
     limit (its input keeps coming), and resumes, input or not, once the device has room; the resume drops the
-    summary's mark (fence then tells the client it is back)."""
+    summary's mark (fence then tells the client it is back). (No hold on its own device: `shed_hold_s` is
+    tests/placement/test_policy_resume_measured.py's.)"""
     import msgspec
 
-    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=0.95)
-    parts = Parts([over], relieve_overload=True, rebalance=False)
+    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=1.0)
+    parts = Parts([over], relieve_overload=True, rebalance=False, shed_hold_s=0.0)
     parts.owners.own("a", "h0")
     parts.engines.sessions = {"h0": [running("a", 1)]}
     fleet = parts.controller()
@@ -160,7 +162,7 @@ async def test_a_suspended_session_with_input_and_no_room_is_marked_waiting_thou
     up on it; an idle offload) gets input while its device measures past its limit: the resume is refused,
     and the round marks it shed (`capacity_lost` for C1), so status and its client hear it waits. Before,
     it sat suspended with its input unapplied and told to nobody (bench.failover --hog 2, 2026-12-03)."""
-    over = msgspec.structs.replace(host("h0", busy=0.0, sessions=0), measured_fraction=0.95)
+    over = msgspec.structs.replace(host("h0", busy=0.0, sessions=0), measured_fraction=1.0)
     parts = Parts([over], relieve_overload=True, rebalance=False)
     parts.owners.own("a", "h0")
     parts.engines.sessions = {"h0": [suspended("a", 1)]}
@@ -212,7 +214,7 @@ class LateHost:
         self.done: list[asyncio.Task[None]] = []
 
     def verb(self, state: str):
-        async def call(host_id: str, session_id: str) -> None:
+        async def call(host_id: str, session_id: str, hold_share: bool = False) -> None:
             async def at_boundary() -> None:
                 await self.boundary.wait()
                 self.engines.sessions[host_id] = [msgspec.structs.replace(i, state=state)
@@ -229,7 +231,7 @@ async def test_a_shed_suspend_whose_reply_came_after_the_timeout_is_marked_once_
     """The suspend timed out while the host still waited for a block boundary (still `running` when asked
     at once); the host suspended it afterwards. The next round's status read finds it suspended and marks it
     shed, so status and its client hear why. Before, it sat suspended with no mark, told to nobody."""
-    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=0.95)
+    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=1.0)
     parts = Parts([over], relieve_overload=True, rebalance=False)
     parts.owners.own("a", "h0")
     parts.engines.sessions = {"h0": [running("a", 1)]}
@@ -251,7 +253,7 @@ async def test_a_shed_suspend_whose_reply_came_after_the_timeout_is_marked_once_
 
 
 async def test_a_suspend_the_host_did_before_the_late_check_is_finished_at_once():
-    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=0.95)
+    over = msgspec.structs.replace(host("h0", busy=0.1, sessions=1), measured_fraction=1.0)
     parts = Parts([over], relieve_overload=True, rebalance=False)
     parts.owners.own("a", "h0")
     parts.engines.sessions = {"h0": [running("a", 1)]}
@@ -259,7 +261,7 @@ async def test_a_suspend_the_host_did_before_the_late_check_is_finished_at_once(
     late.boundary.set()
     verb = late.verb("suspended")
 
-    async def suspend(host_id: str, session_id: str) -> None:
+    async def suspend(host_id: str, session_id: str, hold_share: bool = False) -> None:
         try:
             await verb(host_id, session_id)
         finally:
@@ -277,7 +279,7 @@ async def test_a_suspend_the_host_did_before_the_late_check_is_finished_at_once(
 async def test_a_resume_whose_reply_came_after_the_timeout_drops_the_shed_mark_once_the_host_shows_it_running():
     """The shed session's resume timed out and the host resumed it afterwards: once a round sees it running,
     its mark goes (its client hears it is back), rather than a serving session staying marked as waiting."""
-    parts = Parts([host("h0", busy=0.0, sessions=0)], relieve_overload=True, rebalance=False)
+    parts = Parts([host("h0", busy=0.0, sessions=0)], relieve_overload=True, rebalance=False, shed_hold_s=0.0)
     parts.owners.own("a", "h0")
     await parts.owners.mark("a", 1, shed_kind="capacity_lost", shed="capacity_lost: h0's device measured past its limit")
     parts.engines.sessions = {"h0": [suspended("a", 1)]}

@@ -36,7 +36,7 @@ def test_a_session_moves_to_another_device_with_room_before_anything_is_suspende
 
 
 def test_a_c1_session_no_device_can_keep_is_suspended_as_capacity_lost():
-    f = measured(fleet({"h0": [sess("a", "h0")]}), h0=0.95)
+    f = measured(fleet({"h0": [sess("a", "h0")]}), h0=1.0)
     assert relief(f) == [Suspend(session_id="a", host_id="h0", reason="capacity_lost")]
 
 
@@ -51,3 +51,29 @@ def test_a_device_within_its_limit_is_left_alone_whatever_its_price():
     f = measured(fleet({"h0": [sess("a", "h0"), sess("b", "h0"), sess("c", "h0"), sess("d", "h0")]}), h0=0.85)
     assert relief(f) == []
     assert decide(f, PARAMS, rebalancing=False, scaling=False, offload=False).actions == ()  # off: nothing
+
+
+def shed_at(sid: str, host_id: str, at: float):
+    """A C1 session relief suspended as `capacity_lost` at `at` (the fleet's clock is 1000)."""
+    return msgspec.structs.replace(sess(sid, host_id, state="suspended", suspended_at=at, last_input_at=at - 10),
+                                   shed="capacity_lost")
+
+
+def test_a_session_shed_within_the_measurement_window_is_not_counted_again():
+    # measured 1.05 with b and c on it (priced 0.4: every share runs 2.6x), a shed half a window ago: the
+    # window still holds half of a's blocks (0.2 x 2.6 x 0.5 = 0.26), so the device carries 0.79 and
+    # nothing more is shed. Counting them, relief shed b for an excess a had already removed.
+    f = measured(fleet({"h0": [sess("b", "h0"), sess("c", "h0"), shed_at("a", "h0", 999.0)]}), h0=1.05)
+    assert relief(f) == []
+    # a whole window later the measurement is the device's own: 1.05 is past the limit, one more gives way
+    f = measured(fleet({"h0": [sess("b", "h0"), sess("c", "h0"), shed_at("a", "h0", 997.0)]}), h0=1.05)
+    assert [(a.session_id, a.reason) for a in relief(f)] == [("b", "capacity_lost")]
+
+
+def test_a_device_within_its_measurement_noise_of_the_limit_is_not_relieved_and_one_past_it_is_relieved_to_it():
+    # limit 0.9, margin 0.05: measured 0.94 is noise; 1.2 sheds down to the limit, not to 0.95 (priced 0.4:
+    # every 0.2 share runs 3x, 0.6: one shed leaves 0.6)
+    f = measured(fleet({"h0": [sess("a", "h0"), sess("b", "h0")]}), h0=0.94)
+    assert relief(f) == []
+    f = measured(fleet({"h0": [sess("a", "h0"), sess("b", "h0")]}), h0=1.2)
+    assert [a.session_id for a in relief(f)] == ["a"]

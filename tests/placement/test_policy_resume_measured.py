@@ -69,14 +69,14 @@ def test_resumes_of_one_decision_share_the_measured_room():
 
 def test_a_capacity_lost_session_shed_and_resumed_does_not_bounce():
     """Shed at one round, the session's device then measures without it: the next round leaves it suspended."""
-    before = measured(fleet({"h0": [sess("a", "h0"), sess("b", "h0")]}), h0=0.95)
+    before = measured(fleet({"h0": [sess("a", "h0"), sess("b", "h0")]}), h0=1.0)
     d = decide(before, PARAMS, rebalancing=False, scaling=False, offload=True, relieving=True)
     shed = [a for a in d.actions if isinstance(a, Suspend)]
     assert [a.reason for a in shed] == ["capacity_lost"]
     gone = shed[0].session_id
     # the next heartbeat: the shed session's price and its part of the measured load are gone
     rest = [sess(s, "h0") for s in ("a", "b") if s != gone]
-    after = measured(fleet({"h0": [*rest, lost(gone, "h0")]}), h0=0.95 / 2)
+    after = measured(fleet({"h0": [*rest, lost(gone, "h0")]}), h0=0.5)
     done, refused = resumes(after)
     assert not done and [r.session_id for r in refused] == [gone]
 
@@ -99,3 +99,14 @@ def test_a_session_resumes_on_its_own_process_of_a_shared_device_not_on_a_siblin
                                  background={"h0": 0.75}), h0=0.2, h1=0.0, h2=0.0), "h0", "h1")
     done, _ = resumes(full)
     assert [(r.session_id, r.host_id) for r in done] == [("a", "h2")]
+
+
+def test_a_capacity_lost_session_goes_back_to_the_device_that_shed_it_only_after_the_hold():
+    # shed 2 s ago (the fleet's clock is 1000): its device has room again, another device too
+    just = msgspec.structs.replace(lost("a", "h0"), suspended_at=998.0)
+    done, _ = resumes(measured(fleet({"h0": [just], "h1": []}), h0=0.1, h1=0.0))
+    assert [(r.session_id, r.host_id) for r in done] == [("a", "h1")]  # elsewhere at once
+    done, refused = resumes(measured(fleet({"h0": [just]}), h0=0.1))
+    assert not done and [r.session_id for r in refused] == ["a"]  # not back onto the device that shed it
+    done, _ = resumes(measured(fleet({"h0": [lost("a", "h0")]}), h0=0.1))  # shed 10 s ago: the hold is over
+    assert [(r.session_id, r.host_id) for r in done] == [("a", "h0")]

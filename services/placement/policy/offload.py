@@ -29,13 +29,22 @@ def resumes(plan: Plan, placer: Placer) -> tuple[list[Resume], list[Refusal]]:
     refused: list[Refusal] = []
     room = MeasuredRoom(plan)
     for s in sorted(wants_resume(plan), key=lambda x: (x.shed != "capacity_lost", x.last_input_at, x.session_id)):
-        r = resume(placer, s, among=lambda hl, s=s: room.admits(s, hl) and not _sibling(plan, s, hl))
+        r = resume(placer, s, among=lambda hl, s=s: room.admits(s, hl) and not _sibling(plan, s, hl)
+                   and not _held(plan, s, hl))
         if isinstance(r, Resume):
             room.add(s, plan.loads[r.host_id])
             done.append(r)
         else:
             refused.append(r)
     return done, refused
+
+
+def _held(plan: Plan, s: Session, hl: HostLoad) -> bool:
+    """`hl` is on the device `s` was shed from as `capacity_lost` less than `shed_hold_s` ago (`Params`)."""
+    old = plan.loads.get(s.host_id)
+    if s.shed != "capacity_lost" or old is None or plan.fleet.now - s.suspended_at >= plan.params.shed_hold_s:
+        return False
+    return device_key(hl.host.entry) == device_key(old.host.entry)
 
 
 def _sibling(plan: Plan, s: Session, hl: HostLoad) -> bool:

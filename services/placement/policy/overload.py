@@ -15,6 +15,10 @@ the model's prices) and shed session by session until the rest fits, in the issu
 A session's part of the measured load is its priced share scaled by the device's measured over priced
 load: the device tells only its total.
 
+A device's load here is what it measured, less what sessions shed within the measurement window still add
+to it (`MeasuredRoom`); relief acts once it passes the limit by more than `overload_margin` (its noise), and
+sheds down to the limit.
+
 Resumes read the same measured load (`MeasuredRoom`): a suspended session resumes only onto a device
 whose measured load, plus its share scaled the same way (never below its price), stays within the
 limit. A session shed from a device then does not go back while that device is still past its limit
@@ -23,7 +27,7 @@ limit. A session shed from a device then does not go back while that device is s
 
 from __future__ import annotations
 
-from libs.contracts import device_key
+from libs.contracts import MEASURE_WINDOW_S, device_key
 from services.placement.policy.actions import Move, Refusal, Suspend
 from services.placement.policy.plan import HostLoad, Plan
 from services.placement.policy.rebalance import admissible, move_off
@@ -41,14 +45,30 @@ class MeasuredRoom:
         self.limit = 1.0 - plan.params.guard.busy_fraction
         self.measured: dict[str, float] = {}
         self.priced: dict[str, float] = {}
+        # A device's priced load is the sum of its serving sessions' shares, the same terms each session's
+        # part is scaled from (`cost`). The hosts' `busy_fraction` prices the same sessions at the curve's
+        # marginal cost of the k-th, which a session's own share is not: dividing by it read each session's
+        # part at half of what it ran, so relief shed five sessions where two would do (2026-12-07).
         for hl in plan.loads.values():
             key = device_key(hl.host.entry)
             self.measured[key] = self.measured.get(key, 0.0) + hl.host.entry.measured_fraction
-            self.priced[key] = self.priced.get(key, 0.0) + hl.host.entry.busy_fraction
+            self.priced[key] = self.priced.get(key, 0.0) + sum(
+                t.share for s in hl.residents if s.state == "serving" and (t := plan.term(s, hl)) is not None)
+        # A session shed within the hosts' measurement window still has blocks in its device's measured load,
+        # fading out over the window; counted there, relief shed again for an excess it had already removed
+        # (`bench.c1_periods` 2026-12-07: C1 sessions shed and resumed up to three times a round).
+        for s in plan.suspended:
+            hl = plan.loads.get(s.host_id)
+            age = plan.fleet.now - s.suspended_at
+            if s.shed and hl is not None and 0.0 <= age < MEASURE_WINDOW_S:
+                key = device_key(hl.host.entry)
+                self.measured[key] -= self.cost(s, hl) * (1.0 - age / MEASURE_WINDOW_S)
 
     def over(self) -> dict[str, float]:
-        """Each device measured past the limit (`1 - guard`), with the load above it."""
-        return {d: m - self.limit for d, m in self.measured.items() if m > self.limit}
+        """Each device measured past the limit (`1 - guard`) by more than `overload_margin`, with the load
+        above the limit."""
+        margin = self.plan.params.overload_margin
+        return {d: m - self.limit for d, m in self.measured.items() if m > self.limit + margin}
 
     def cost(self, s: Session, hl: HostLoad) -> float:
         """`s`'s part of `hl`'s device's measured load, were it there: its priced share at the device's

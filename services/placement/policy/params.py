@@ -64,6 +64,15 @@ class Knobs(msgspec.Struct, frozen=True, kw_only=True):
     # Host memory → device copy rate of a resume: with a cap, an idle session is suspended only when its
     # resume (this copy, then its first chunk) stays within the cap.
     resume_bps: Pos = 20e9
+    # Overload relief acts once a device's measured load passes its limit (1 − guard) by more than this, and
+    # then sheds down to the limit: the band between is what a device's measured load swings by while it
+    # runs at the limit (±0.1 beside `bench.c1_periods`' clients on 2 cores), so a device that admission
+    # filled to its limit is not relieved for its noise, and what relief frees is not taken straight back.
+    overload_margin: Frac = 0.05
+    # A C1 session shed as `capacity_lost` resumes onto the device it was shed from only this long after
+    # (elsewhere at once): back on the device that could not keep it, the next swing shed it again (up to
+    # six times a session in one 45 s `bench.c1_periods` round, 2026-12-07).
+    shed_hold_s: NonNeg = 10.0
 
 
 class Params(Knobs, frozen=True, kw_only=True):
