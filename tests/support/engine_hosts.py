@@ -35,8 +35,12 @@ class EngineProcess:
     orphan grace, one torch thread (a T0 session's bits are only reproducible on hosts configured alike) and
     `env` on top. `start` again after a kill is the supervisor's restart: same host id, a new incarnation."""
 
-    def __init__(self, url: str, host_id: str, tmp: Path, config: Path | None = None, **env: str) -> None:
+    def __init__(self, url: str, host_id: str, tmp: Path, config: Path | None = None, *, hostname: str = "",
+                 **env: str) -> None:
+        """`hostname`: run the host in a UTS namespace of its own under that name, so it announces another
+        machine (`libs.motion.machine`): another device for capacity, a TCP path for the mover (root only)."""
         self.url, self.host_id, self.tmp, self.config, self.env = url, host_id, tmp, config, env
+        self.hostname = hostname
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> EngineProcess:
@@ -47,6 +51,8 @@ class EngineProcess:
         args = [sys.executable, "-m", "statefleet", "serve", "engine_host"]
         if self.config is not None:  # a TOML file for what the environment cannot say (tables)
             args += ["--config", str(self.config)]
+        if self.hostname:  # the shell execs the host: the process is the host's, signals and all
+            args = ["unshare", "--uts", "sh", "-c", f'hostname {self.hostname} && exec "$0" "$@"', *args]
         self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         return self

@@ -57,12 +57,13 @@ class Stack:
         return svc
 
     async def engines_up(self, *host_ids: str, config: Path | None = None, answer_s: float = 180.0,
-                         seen_s: float = 10.0, **env: str) -> None:
+                         seen_s: float = 10.0, hostname: str = "", **env: str) -> None:
         """Start engine-host processes and wait until each answers its ping (its heartbeat is in by then) and
         every placement instance sees it. Start-up profiles each backend, so a slow one (wan_causal's decoder
-        takes seconds a block on a loaded machine) needs a longer `answer_s`."""
+        takes seconds a block on a loaded machine) needs a longer `answer_s`. `hostname`: on another machine
+        (`EngineProcess`)."""
         for h in host_ids:
-            self.engines[h] = EngineProcess(self.url, h, self.tmp, config, **env).start()
+            self.engines[h] = EngineProcess(self.url, h, self.tmp, config, hostname=hostname, **env).start()
         for h in host_ids:
             await eventually(lambda h=h: self.answers(h), answer_s, what=f"{h} answers")
             await eventually(lambda h=h: self.placements_see(h), seen_s)
