@@ -93,3 +93,28 @@ def test_with_a_cap_the_hosts_in_use_count_whole_and_only_the_pool_stays_empty()
     # though utilisation over the hosts kept is not below the band's fraction of them
     drains = {a.host_id for a in decide(f, CAP).actions if isinstance(a, Drain)}
     assert len(drains) == 9 - m.want and not drains & {"h0", "h1", "h2"}
+
+
+def test_within_the_cap_a_session_goes_where_it_wastes_the_least_room():
+    """Under the colocation model (these rows: at most 3 sessions beside a tier-8, 6 beside tier-4s) a tier-4
+    beside a lone tier-8 takes 1/6 of a host and leaves 1/3 usable where 2/3 was (1/6 wasted); beside another
+    tier-4 it wastes nothing. Busiest first sent it to the tier-8 host. Under the profile model the same
+    tier-4 fills room beside the tier-8 that only a tier-4 could use, so it still goes there."""
+    f = fleet({"h0": [sess("a", "h0")], "h1": [], "h2": [sess("b", "h2", floor=4)]}, queued=(sess("q", floor=4),))
+    coloc = msgspec.structs.replace(CAP, latency_model="colocation", colocation_alpha=0.667)
+    assert placed(react(f, coloc)) == {"q": "h2"}
+    assert placed(react(f, msgspec.structs.replace(coloc, cap_least_waste=False))) == {"q": "h0"}
+    assert placed(react(f, CAP)) == {"q": "h0"}
+    # with no tier-4 host, an empty host wastes nothing either: it takes the tier-4, the tier-8 host keeps
+    # its room for a tier-8
+    f = fleet({"h0": [sess("a", "h0")], "h1": []}, queued=(sess("q", floor=4),))
+    assert placed(react(f, coloc)) == {"q": "h1"}
+
+
+def test_with_a_cap_the_pool_is_the_arrivals_not_a_share_of_the_fleet():
+    """Nothing is offloaded under the cap, so nothing resumes into the pool: it holds what one lead time of
+    arrivals needs (none here) and `warm_pool_hosts`, not `warm_pool_frac` of the hosts in use on top."""
+    f = fleet({f"h{i}": [sess(f"s{i}", f"h{i}", floor=16)] for i in range(20)})
+    p = msgspec.structs.replace(CAP, warm_pool_hosts=1, warm_pool_frac=0.2)
+    assert measure(Plan(f, p), []).pool == 1
+    assert measure(Plan(f, msgspec.structs.replace(p, latency_cap_ms=0.0)), []).pool == 4

@@ -103,7 +103,11 @@ def measure(plan: Plan, queued: list[Session]) -> Scaling:
         # sessions let them be, and only new arrivals need more (the pool below)
         in_use = sum(1 for hl in opens if hl.n or hl.pending)
         busy_hosts = max(in_use, math.ceil(resident - 1e-9)) + math.ceil(waiting / aim - 1e-9)
-    pool = max(p.warm_pool_hosts, math.ceil(p.warm_pool_frac * busy_hosts), _lead_hosts(plan, opens, resident, aim))
+    # With a cap nothing is offloaded, so nothing resumes into the pool, and the lead term sizes it for the
+    # arrivals: a share of the fleet on top is a fixed utilisation margin, which held ~10 % of the hosts in
+    # use empty and changed no session's wait on the generated workload (docs/decisions.md).
+    frac = p.warm_pool_frac if p.latency_cap_ms <= 0 else 0.0
+    pool = max(p.warm_pool_hosts, math.ceil(frac * busy_hosts), _lead_hosts(plan, opens, resident, aim))
     want = max(p.min_hosts, busy_hosts + pool)
     if queued:  # they fit no open host now (memory, slots, or load), whatever the fleet's average says;
         # hosts already coming count towards them

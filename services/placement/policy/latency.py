@@ -118,6 +118,15 @@ def cap_weight(params: Params, t: Term, lightest: float = 0.0) -> float:
     return min(1.0, max(t.share / max(limit, t.share, 1e-9), 1.0 / sessions_within(params, t)))
 
 
+def joins(params: Params, kinds: Iterable[Term], busy: float, n: int, t: Term) -> bool:
+    """A host at `busy` with `n` sessions of `kinds` takes one more of `t` with every chunk on it within the
+    latency target and within the guard's load and slots (memory is the capacity check's: `Plan.fit`)."""
+    busy, n = busy + t.share, n + 1
+    if busy > 1.0 - params.guard.busy_fraction + 1e-9 or n > params.guard.max_sessions:
+        return False
+    return all(chunk_ms(params, k, busy, n) <= target_ms(params, k) + 1e-9 for k in (t, *kinds))
+
+
 def slo_ms(t: Term) -> float:
     """The latency a chunk must beat: its window (device part due in one period) plus the off-device stages."""
     return t.overhead_ms + t.window_ms if t.window_ms else float("inf")

@@ -45,7 +45,8 @@ class Knobs(msgspec.Struct, frozen=True, kw_only=True):
     # The fleet's bounds; the provisioner's own slots bound it too (`statefleet up --autoscale MIN:MAX` sets both).
     min_hosts: Annotated[int, msgspec.Meta(ge=1)] = 1
     max_hosts: Annotated[int, msgspec.Meta(ge=1)] = 100_000
-    # Empty, pre-warmed hosts kept for bursts and resumes: at least warm_pool_hosts, or this share of the fleet.
+    # Empty, pre-warmed hosts kept for bursts and resumes: at least warm_pool_hosts, or this share of the fleet
+    # (without a latency cap; with one, nothing resumes and the lead-time term below sizes the pool).
     warm_pool_hosts: Annotated[int, msgspec.Meta(ge=0)] = 2
     warm_pool_frac: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.1
     # ... and at least what the sessions arriving within one scale-out's lead time (boot and pre-warm) need.
@@ -61,6 +62,9 @@ class Knobs(msgspec.Struct, frozen=True, kw_only=True):
     cap_margin_ms: NonNeg = 2.5
     cap_fill: Frac = 0.85  # scale out above this (hosts at the cap in use over hosts kept); queued and lead demand over it
     cap_scale_in_below: Frac = 0.7  # scale in once the pool is this full of the idle hosts (idle > pool / this)
+    # Within the cap, place where the session wastes the least usable room, then the busiest (False:
+    # busiest first only).
+    cap_least_waste: bool = True
     # Host memory → device copy rate of a resume: with a cap, an idle session is suspended only when its
     # resume (this copy, then its first chunk) stays within the cap.
     resume_bps: Pos = 20e9

@@ -83,6 +83,8 @@ class Plan:
         self._terms: dict[int, dict[tuple[str, int], latency.Term | None]] = {}
         # (profile, distinct (backend, contract) pairs) → the kinds of the hosts that have them, see `_kinds`
         self._groups: dict[tuple[int, frozenset], tuple[dict[int, latency.Term], bool]] = {}
+        self._cap_kinds: dict[int, tuple[latency.Term, float]] | None = None  # `cap_kinds`, once asked
+        self._spare: dict[tuple, float] = {}  # `spare`'s answers by host state
         draining = {hid for hid, hl in loads.items() if hl.host.state == "draining"}
         now, keep_warm = fleet.now, params.keep_warm_s
         get, own, queued, suspended, idle = loads.get, self.owned.add, self.queued, self.suspended, self.idle
@@ -227,6 +229,39 @@ class Plan:
         alone = hl.counts[id(t)] == 1
         kinds = [k for k in hl.kinds.values() if k is not t or not alone]
         return latency.host_ms(self.params, kinds, hl.busy - t.share, hl.n - 1)
+
+    # ------------------------------------------------------------ room at a latency cap
+
+    def cap_kinds(self, also: latency.Term | None = None) -> dict[int, tuple[latency.Term, float]]:
+        """The distinct terms of the sessions on open hosts (and `also`), each with its weight at the cap
+        (`latency.cap_weight`: the share of a host it takes), worked out once per decision."""
+        if self._cap_kinds is None or (also is not None and id(also) not in self._cap_kinds):
+            terms = {id(k): k for hl in self._open for k in hl.kinds.values()}
+            if also is not None:
+                terms[id(also)] = also
+            lightest = min((k.share for k in terms.values()), default=0.0)
+            self._cap_kinds = {i: (k, latency.cap_weight(self.params, k, lightest)) for i, k in terms.items()}
+            self._spare = {}
+        return self._cap_kinds
+
+    def spare(self, kinds: tuple[latency.Term, ...], busy: float, n: int) -> float:
+        """The room a host at (`kinds`, `busy`, `n`) has left within the cap that sessions can use, as a
+        weight (hosts at the cap): the most that more sessions of any one of the fleet's classes would add
+        (`cap_kinds`). An empty host has 1; a full one, or one only a class the fleet does not have would
+        fit, 0. Cached by host state: a fleet has a few dozen."""
+        key = (frozenset(id(k) for k in kinds), n, round(busy, 9))
+        got = self._spare.get(key)
+        if got is None:
+            got = 0.0
+            for t, w in self.cap_kinds().values():
+                m, b, c, ks = 0, busy, n, kinds
+                while m * w < 1.0 and latency.joins(self.params, ks, b, c, t):  # the guard's slots end it
+                    m, b, c = m + 1, b + t.share, c + 1
+                    if not any(k is t for k in ks):
+                        ks = (*ks, t)
+                got = max(got, min(1.0, m * w))
+            self._spare[key] = got
+        return got
 
     # ------------------------------------------------------------ applying this decision's actions
 
