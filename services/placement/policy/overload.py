@@ -58,11 +58,11 @@ class MeasuredRoom:
         # fading out over the window; counted there, relief shed again for an excess it had already removed
         # (`bench.c1_periods` 2026-12-07: C1 sessions shed and resumed up to three times a round).
         for s in plan.suspended:
-            hl = plan.loads.get(s.host_id)
+            held = plan.loads.get(s.host_id)
             age = plan.fleet.now - s.suspended_at
-            if s.shed and hl is not None and 0.0 <= age < MEASURE_WINDOW_S:
-                key = device_key(hl.host.entry)
-                self.measured[key] -= self.cost(s, hl) * (1.0 - age / MEASURE_WINDOW_S)
+            if s.shed and held is not None and 0.0 <= age < MEASURE_WINDOW_S:
+                key = device_key(held.host.entry)
+                self.measured[key] -= self.cost(s, held) * (1.0 - age / MEASURE_WINDOW_S)
 
     def over(self) -> dict[str, float]:
         """Each device measured past the limit (`1 - guard`) by more than `overload_margin`, with the load
