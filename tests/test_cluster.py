@@ -32,7 +32,9 @@ async def test_replicated_stream_survives_one_node(nats_cluster):
                 break
             except Exception:
                 await asyncio.sleep(0.2)
-        await js.publish("sf.r3.a", b"before")
+        # a stream just created elects its own leader too: until then a publish gets no response (seen in a
+        # fresh-clone CI run, 2026-12-08); the msg id makes a retried publish land once
+        await until_answered(lambda: js.publish("sf.r3.a", b"before", timeout=2, headers={"Nats-Msg-Id": "before-1"}))
         kv = await bus.ensure_kv(js, "sf_r3_kv", replicas=3)  # R3 assets need all 3 peers to be created
         info = await js.stream_info("SF_R3")
         assert info.config.num_replicas == 3
